@@ -1,0 +1,32 @@
+# Two commands for a fresh machine:  make demo  (set up, run the seed's setting)
+#                                    make test  (set up, run the test suite)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+# The light packages SGLang's import chain needs (sglang itself goes in with --no-deps,
+# so that no CUDA build of torch is pulled).
+SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
+
+.PHONY: setup demo test gate clean
+
+setup: $(VENV)/.ddcheck-setup
+
+$(VENV)/.ddcheck-setup: pyproject.toml Makefile
+	python3 -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) --no-deps sglang==0.5.23
+	$(PIP) $(SGLANG_LIGHT)
+	$(PIP) -e '.[test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph
+
+test: setup
+	$(PY) -m pytest -q
+
+gate: setup
+	$(VENV)/bin/ddcheck gate --junit reports/gate.xml --json reports/gate.json
+
+clean:
+	rm -rf $(VENV) reports/*.jsonl reports/*.html

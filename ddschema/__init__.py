@@ -1,0 +1,11 @@
+"""The small schema that harness/ (system under test) and reference/ (oracle) share.
+
+Nothing here computes attention, masks or trees: only model configuration,
+weight names and the record format, so that neither side can lean on the
+other's code.
+"""
+from ddschema.config import ModelConfig, weight_names
+from ddschema.records import RECORD_KINDS, VERDICTS, SCHEMA_VERSION
+from ddschema.oracle import Oracle
+
+__all__ = ["ModelConfig", "weight_names", "RECORD_KINDS", "VERDICTS", "SCHEMA_VERSION", "Oracle"]

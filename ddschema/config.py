@@ -1,0 +1,59 @@
+"""Model configuration and the Hugging Face weight names both sides read."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU.
+
+    `qkv_bias` is Qwen2's bias on q/k/v projections; `qk_norm` is Qwen3's
+    per-head RMSNorm on q and k before RoPE.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_word_embeddings: bool = False
+    max_position: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                     "num_heads", "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads (GQA)")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for RoPE")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_names(cfg: ModelConfig) -> list[str]:
+    """Every tensor name a checkpoint of `cfg` holds, in Hugging Face's naming."""
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not cfg.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names.append(p + f"self_attn.{proj}.weight")
+        if cfg.qkv_bias:
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if cfg.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names.append(p + f"mlp.{proj}.weight")
+    return names

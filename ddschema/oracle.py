@@ -1,0 +1,37 @@
+"""The contract an oracle fulfils; harness/ finds one through an entry point.
+
+harness/ never imports reference/: the CLI looks the oracle up in the
+`ddcheck.oracles` entry-point group (pyproject.toml) and talks to it only
+through this protocol, with plain lists and tensors.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from ddschema.config import ModelConfig
+
+
+class Oracle(Protocol):
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None: ...
+
+    def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
+                    parents: Sequence[int]) -> torch.Tensor:
+        """Float64 logits [n, vocab] of every tree node.
+
+        `tokens[0]` is the root (parent -1), `parents[i] < i` for the others.
+        Node i's logits are the last position of plain causal attention over
+        prefix + (root .. node i path).
+        """
+
+    def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+        """Plain autoregressive greedy continuation and, per emitted token,
+        the gap between its logit and the runner-up's (for near-tie verdicts)."""
+
+    def path_hidden(self, tokens: Sequence[int]) -> list[torch.Tensor]:
+        """Hidden state of the last position after the embedding and after
+        each layer: num_layers + 1 tensors [hidden], float64."""
+
+    def path_kv(self, tokens: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer K and V [len(tokens), kv_heads, head_dim] (K after RoPE)."""

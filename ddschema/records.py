@@ -1,0 +1,15 @@
+"""JSON-lines record format. Documented in docs/RECORDS.md."""
+
+SCHEMA_VERSION = 1
+
+# kind -> what one record of that kind stands for
+RECORD_KINDS = {
+    "run": "one per run: settings, environment, backend capabilities",
+    "node": "one per (step, request, tree row): metrics against the oracle",
+    "accept": "one per (step, request) where two acceptance implementations disagree",
+    "stream": "one per request: emitted tokens against the oracle's greedy continuation",
+    "localize": "one per divergent run: mask probe, KV audit, layer bisect, explanation",
+    "summary": "one per run: counts and the first divergence",
+}
+
+VERDICTS = ("match", "diverge", "near-tie", "padding", "skipped")

@@ -1,0 +1,56 @@
+"""Stage 4, attention backend: the seam where SGLang's kernel or a user's own
+implementation plugs in. A backend saves the rows' K/V at out_cache_loc, then
+attends each query row to its request's prefix (through kv_indices) and to
+the verify rows (k_extend) as the flat custom mask allows."""
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+
+from harness.spec.verify_inputs import AttnMetadata
+
+MASK_REGIONS = ("prefix", "draft")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run here (missing package, too old): a usage error."""
+
+
+class AttentionBackend(Protocol):
+    name: str
+    mask_regions: frozenset[str]  # which parts of the mask the backend reads
+    graph_capturable: bool        # may run inside torch.cuda.CUDAGraph capture
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
+                k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: AttnMetadata) -> torch.Tensor:
+        """q  # [T, heads, head_dim]; k, v  # [T, kv_heads, head_dim] of the query rows;
+        k_buffer, v_buffer  # [slots, kv_heads, head_dim] this layer's pool.
+        Returns o  # [T, heads, head_dim]. K/V are already saved at out_cache_loc."""
+
+
+BACKENDS: dict[str, Callable[[str, torch.dtype], AttentionBackend]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        BACKENDS[name] = factory
+        return factory
+    return deco
+
+
+def make_backend(name: str, device: str, dtype: torch.dtype) -> AttentionBackend:
+    _load_builtin()
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; backends: {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name](device, dtype)
+
+
+def default_backend() -> str:
+    """SGLang's kernel whenever SGLang imports, else the torch backend."""
+    from harness.attn import sglang_triton
+    return "sglang-triton" if sglang_triton.available() else "torch"
+
+
+def _load_builtin() -> None:
+    from harness.attn import torch_backend, sglang_triton  # noqa: F401  (registers)

@@ -1,0 +1,82 @@
+"""SGLang's own Triton extend-attention kernel, fed the target-verify metadata
+its Triton backend builds. On a machine without CUDA it runs under the Triton
+interpreter in float32 (bf16 tl.dot is wrong in the interpreter)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+
+import torch
+
+from harness.attn.base import BackendUnavailable, register
+from harness.spec.verify_inputs import AttnMetadata
+
+MODULE_PATHS = (
+    "sglang.kernels.ops.attention.extend_attention",               # 0.5.15 and newer
+    "sglang.srt.layers.attention.triton_ops.extend_attention",     # 0.5.9 and older
+)
+INSTALL_HINT = "pip install --no-deps sglang==0.5.23 (see the README's setup)"
+
+
+def use_interpreter() -> bool:
+    return not torch.cuda.is_available()
+
+
+def prepare_interpreter() -> None:
+    """TRITON_INTERPRET must be set before triton is first imported."""
+    if use_interpreter() and os.environ.get("TRITON_INTERPRET") != "1":
+        if "triton" in sys.modules:
+            raise BackendUnavailable("triton was imported before TRITON_INTERPRET=1 could be set; "
+                                     "run with TRITON_INTERPRET=1 in the environment")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _import_kernel():
+    prepare_interpreter()
+    errors = []
+    for path in MODULE_PATHS:
+        try:
+            return importlib.import_module(path).extend_attention_fwd
+        except ImportError as e:
+            errors.append(f"{path}: {e}")
+    raise BackendUnavailable(f"SGLang's extend_attention kernel does not import ({errors[0]}); {INSTALL_HINT}")
+
+
+def available() -> bool:
+    try:
+        _import_kernel()
+        return True
+    except BackendUnavailable:
+        return False
+
+
+class SGLangTritonBackend:
+    name = "sglang-triton"
+    # skip_prefix_custom_mask=True: the kernel never reads the prefix columns
+    mask_regions = frozenset({"draft"})
+    graph_capturable = True
+
+    def __init__(self, device: str, dtype: torch.dtype) -> None:
+        self._fwd = _import_kernel()
+        params = inspect.signature(self._fwd).parameters
+        self._takes_scales = "k_scale" in params  # positional since 0.5.15
+        self.compute_dtype = torch.float32 if use_interpreter() else dtype
+
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
+        cd = self.compute_dtype
+        q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()
+        o = torch.empty_like(q_)
+        args = [q_, k_, v_, o, k_buffer.to(cd), v_buffer.to(cd), meta.qo_indptr, meta.kv_indptr,
+                meta.kv_indices, meta.custom_mask, meta.custom_mask is None, meta.mask_indptr,
+                meta.max_len_extend]
+        if self._takes_scales:
+            args += [1.0, 1.0]
+        self._fwd(*args, sm_scale=1.0 / q.shape[-1] ** 0.5, skip_prefix_custom_mask=True)
+        return o.to(q.dtype)
+
+
+@register("sglang-triton")
+def _factory(device: str, dtype: torch.dtype) -> SGLangTritonBackend:
+    return SGLangTritonBackend(device, dtype)

@@ -1,0 +1,60 @@
+"""A plain-torch backend that reads exactly the metadata SGLang's Triton kernel
+reads: prefix K/V through kv_indices, verify-row K/V from k_extend, and the
+flat mask through mask_indptr with row stride prefix + q_len."""
+from __future__ import annotations
+
+import torch
+
+from harness.attn.base import register
+from harness.spec.verify_inputs import AttnMetadata
+
+
+class TorchBackend:
+    name = "torch"
+    mask_regions = frozenset({"prefix", "draft"})
+    graph_capturable = False  # reads indptrs on the host
+
+    def __init__(self, device: str, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
+        out = torch.empty_like(q)
+        qo, kvp = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
+        for b in range(meta.batch_size):
+            rows = slice(qo[b], qo[b + 1])
+            prefix_slots = meta.kv_indices[kvp[b]:kvp[b + 1]]
+            keys = torch.cat([k_buffer[prefix_slots], k[rows]])    # [prefix+n, kv_heads, d]
+            vals = torch.cat([v_buffer[prefix_slots], v[rows]])
+            allowed = _request_mask(meta, b, kvp[b + 1] - kvp[b], qo[b + 1] - qo[b])
+            out[rows] = _attend(q[rows], keys, vals, allowed)
+        return out
+
+
+def _request_mask(meta: AttnMetadata, b: int, prefix: int, n: int) -> torch.Tensor:
+    """allowed  # [n, prefix+n] as the kernel indexes it."""
+    if meta.custom_mask is None:
+        allowed = torch.ones((n, prefix + n), dtype=torch.bool, device=meta.qo_indptr.device)
+        allowed[:, prefix:] = torch.ones((n, n), dtype=torch.bool).tril()
+        return allowed
+    start = int(meta.mask_indptr[b])
+    stride = prefix + n  # n = q_len, from qo_indptr
+    return meta.custom_mask[start:start + n * stride].view(n, stride).bool()
+
+
+def _attend(q, keys, vals, allowed) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with GQA; a fully masked row divides 0 by 0
+    (NaN), as kernels without a guard do."""
+    group = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(group, dim=1).float()
+    vals = vals.repeat_interleave(group, dim=1).float()
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) / q.shape[-1] ** 0.5
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    m = scores.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+    p = torch.exp(scores - m)
+    p = p / p.sum(-1, keepdim=True)
+    return torch.einsum("hqk,khd->qhd", p, vals).to(q.dtype)
+
+
+@register("torch")
+def _factory(device: str, dtype: torch.dtype) -> TorchBackend:
+    return TorchBackend(device, dtype)

@@ -1,0 +1,39 @@
+"""`ddcheck` command line. Every command exits 0 (all match), 1 (divergence)
+or 2 (usage or environment error, one line on stderr, nothing written)."""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from harness.cli.common import USAGE_ERRORS, fail_usage
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Differential checks of DDTree verify (SGLang layout) against a float64 oracle.")
+
+
+@app.callback()
+def _root() -> None:
+    """ddcheck: DDTree verify, checked node by node against a float64 oracle."""
+
+
+def _register() -> None:
+    from harness.cli import run_cmd  # noqa: F401
+    for optional in ("faults_cmd", "sweep_cmd", "gate_cmd", "report_cmd"):
+        try:
+            __import__(f"harness.cli.{optional}")
+        except ModuleNotFoundError as e:
+            if e.name != f"harness.cli.{optional}":
+                raise
+
+
+def main() -> None:
+    _register()
+    try:
+        app(standalone_mode=True)
+    except USAGE_ERRORS as e:  # raised outside a command's own handling
+        fail_usage(e)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""`ddcheck run`: one setting, compared per node, summarised."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harness.check import CheckSummary, check, prepare
+from harness.cli import app
+from harness.cli.common import USAGE_ERRORS, fail_usage, pick_backend, pick_device
+from harness.records import RecordWriter
+from harness.runner.settings import RunSettings
+
+
+def default_out(s: RunSettings) -> Path:
+    graph = "graph" if s.cuda_graph else "eager"
+    fault = f"-{s.fault}" if s.fault else ""
+    return Path("reports") / f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{fault}.jsonl"
+
+
+@app.command()
+def run(
+    budget: int = typer.Option(16, help="DDTree budget B (verify width q_len = B + 1)"),
+    topk: int = typer.Option(1, help="candidates per depth K"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph/--no-cuda-graph", help="verify through the graph runner"),
+    backend: Optional[str] = typer.Option(None, help="attention backend: sglang-triton (default when SGLang imports) or torch"),
+    batch: int = typer.Option(1, help="requests per verify batch"),
+    max_new_tokens: int = typer.Option(24, help="tokens each request generates"),
+    block_size: int = typer.Option(8, help="drafter block size (depth cap L = block_size - 1)"),
+    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3) or a local HF checkpoint directory"),
+    seed: int = typer.Option(0),
+    dtype: str = typer.Option("float32", help="float32, float16 or bfloat16"),
+    fault: Optional[str] = typer.Option(None, help="switch on a named fault (`ddcheck faults`)"),
+    accept: str = typer.Option("walk", help="acceptance stage: walk or sglang"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    out: Optional[Path] = typer.Option(None, help="JSONL records (default reports/run-<setting>.jsonl)"),
+    html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
+) -> None:
+    """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
+    console = Console(stderr=True)
+    try:
+        s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
+                        batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
+                        seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device))
+        prepared = prepare(s)
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    path = out or default_out(s)
+    writer = RecordWriter(path)
+    with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task("verify", total=s.max_new_tokens * s.batch)
+        summary = check(prepared, writer, lambda step, done: bar.update(task, completed=done))
+    writer.commit()
+    print_summary(Console(), summary, path)
+    if html:
+        from harness.report.html import write_report
+        write_report([path], html)
+    raise typer.Exit(0 if summary.passed else 1)
+
+
+def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
+    t = Table(title=summary.setting, show_header=False)
+    t.add_row("verify steps", str(summary.steps))
+    t.add_row("nodes checked", str(summary.nodes_checked))
+    t.add_row("divergent nodes", str(summary.divergent_nodes))
+    t.add_row("near ties", str(summary.near_ties))
+    t.add_row("padding rows seen", str(summary.padding_rows))
+    t.add_row("max rel. error", f"{summary.max_rel_err:.2e}")
+    t.add_row("stream mismatches", str(summary.stream_mismatches))
+    f = summary.first
+    if f is None:
+        t.add_row("first divergence", "none")
+    elif f.what == "stream":
+        t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
+    else:
+        t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
+                  f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
+    for note in summary.notes:
+        t.add_row("note", note)
+    t.add_row("verdict", "[green]PASS[/]" if summary.passed else "[red]DIVERGE[/]")
+    t.add_row("records", str(path))
+    console.print(t)

@@ -1,0 +1,3 @@
+from harness.mem.pool import KVPool, ReqToTokenPool, SlotAllocator, OutOfSlots
+
+__all__ = ["KVPool", "ReqToTokenPool", "SlotAllocator", "OutOfSlots"]

@@ -1,0 +1,86 @@
+"""The target model under test: a Llama-family decoder that reads and writes
+a paged KV pool through an attention backend (SGLang's RadixAttention seam)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ddschema import ModelConfig
+from harness.attn.base import AttentionBackend
+from harness.mem.pool import KVPool
+from harness.spec.verify_inputs import AttnMetadata
+
+
+class LlamaModel:
+    """Weights in the run dtype on the run device; `forward` is the verify
+    (or prefill) forward of one batch."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: str):
+        self.cfg = cfg
+        self.dtype = dtype
+        self.w = {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
+        half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+        self.inv_freq = (1.0 / cfg.rope_theta ** half).to(device)  # [head_dim/2] float64
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
+                pool: KVPool, backend: AttentionBackend,
+                hidden_out: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids, positions  # [T]; returns logits  # [T, vocab] float32.
+        If `hidden_out` is a list, the residual stream after the embedding and
+        after each layer is appended to it ([T, hidden] each)."""
+        cfg, w = self.cfg, self.w
+        h = w["model.embed_tokens.weight"][input_ids]  # [T, hidden]
+        cos, sin = self._rope(positions)
+        if hidden_out is not None:
+            hidden_out.append(h.float().clone())
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            x = _rms_norm(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
+            h = h + self._attention(i, p, x, cos, sin, meta, pool, backend)
+            x = _rms_norm(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
+            h = h + self._mlp(p, x)
+            if hidden_out is not None:
+                hidden_out.append(h.float().clone())
+        h = _rms_norm(h, w["model.norm.weight"], cfg.rms_norm_eps)
+        head = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
+        return (h @ head.T).float()
+
+    def _attention(self, i, p, x, cos, sin, meta, pool, backend) -> torch.Tensor:
+        cfg, w = self.cfg, self.w
+        T = x.shape[0]
+        q = F.linear(x, w[p + "self_attn.q_proj.weight"], w.get(p + "self_attn.q_proj.bias"))
+        k = F.linear(x, w[p + "self_attn.k_proj.weight"], w.get(p + "self_attn.k_proj.bias"))
+        v = F.linear(x, w[p + "self_attn.v_proj.weight"], w.get(p + "self_attn.v_proj.bias"))
+        q = q.view(T, cfg.num_heads, cfg.head_dim)      # [T, heads, d]
+        k = k.view(T, cfg.num_kv_heads, cfg.head_dim)   # [T, kv_heads, d]
+        v = v.view(T, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = _rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
+            k = _rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        pool.set_kv(i, meta.out_cache_loc, k, v)  # K is cached after RoPE
+        o = backend.forward(q, k, v, i, pool.k_buffer[i], pool.v_buffer[i], meta)
+        return F.linear(o.reshape(T, -1), w[p + "self_attn.o_proj.weight"])
+
+    def _mlp(self, p, x) -> torch.Tensor:
+        w = self.w
+        gate = F.linear(x, w[p + "mlp.gate_proj.weight"])
+        up = F.linear(x, w[p + "mlp.up_proj.weight"])
+        return F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None]  # [T, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,15 @@
+"""Find the oracle through the `ddcheck.oracles` entry point: harness/ talks to
+it only through ddschema.Oracle and never imports reference/."""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from ddschema import Oracle
+
+
+def load_oracle_class(name: str = "dense") -> type[Oracle]:
+    found = {ep.name: ep for ep in entry_points(group="ddcheck.oracles")}
+    if name not in found:
+        raise RuntimeError(f"no oracle {name!r} registered (is ddcheck installed? `make setup`); "
+                           f"registered: {', '.join(found) or 'none'}")
+    return found[name].load()

@@ -1,0 +1,85 @@
+"""Record types (docs/RECORDS.md) and an all-or-nothing JSONL writer."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ddschema import SCHEMA_VERSION
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    step: int
+    request: int
+    node: int              # verify row; 0 = root
+    depth: int | None      # None for padding rows
+    parent: int | None     # None for the root and padding rows
+    token: int | None
+    is_padding: bool
+    accepted: bool
+    rel_err: float | None  # None for padding rows (not judged by logits)
+    top1_agree: bool | None
+    kl: float | None
+    ref_gap: float | None
+    finite: bool
+    verdict: str
+    setting: str = ""
+    kind: str = "node"
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    request: int
+    prompt: str
+    engine_tokens: tuple[int, ...]
+    reference_tokens: tuple[int, ...]
+    first_mismatch: int | None
+    verdict: str          # match | diverge | near-tie
+    setting: str = ""
+    kind: str = "stream"
+
+
+def _default(o):
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(type(o))
+
+
+def _clean(v):
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+class RecordWriter:
+    """Collects lines in a temporary file beside `path`; `commit` renames it in
+    place, so a run that fails half-way leaves no half-written JSONL."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.lines: list[str] = []
+
+    def write(self, record) -> None:
+        d = asdict(record) if hasattr(record, "__dataclass_fields__") else dict(record)
+        d = {k: _clean(v) for k, v in d.items()}
+        d.setdefault("schema", SCHEMA_VERSION)
+        self.lines.append(json.dumps(d, default=_default, allow_nan=False))
+
+    def commit(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(self.lines) + ("\n" if self.lines else ""))
+        os.replace(tmp, self.path)
+
+
+def read_records(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,161 @@
+"""The engine loop: prefill, then per round draft, build tree, verify
+inputs, verify, accept, commit. It yields what each round did and leaves
+comparison, timing and tracing to its caller."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ddschema import ModelConfig
+from harness.attn.base import AttentionBackend
+from harness.mem.pool import KVPool, ReqToTokenPool
+from harness.model.llama import LlamaModel
+from harness.runner.graph import GraphRunner
+from harness.runner.pipeline import Pipeline
+from harness.runner.settings import PromptSpec, RunSettings
+from harness.spec.accept import Acceptance
+from harness.spec.drafter import DrafterConfig, NoisyOracleDrafter
+from harness.spec.tree import DraftTree
+from harness.spec.verify_inputs import VerifyBatch, prefill_metadata
+
+
+@dataclass
+class Request:
+    """Live state of one request (engine-internal, mutable)."""
+
+    rid: int
+    prompt: list[int]
+    spec: PromptSpec
+    req_pool_idx: int
+    seq_len: int = 0                                   # committed (cached) positions
+    finished: bool = False
+    emitted: list[int] = field(default_factory=list)  # generated tokens; the last is the next root
+    continuation: list[int] = field(default_factory=list)  # target's greedy, for the drafter
+
+    def committed_tokens(self) -> list[int]:
+        """Token ids at cache positions 0..seq_len-1."""
+        return self.prompt + self.emitted[:-1]
+
+
+@dataclass(frozen=True)
+class RequestStep:
+    """What one verify round did for one request."""
+
+    step: int
+    rid: int
+    prefix: tuple[int, ...]     # committed token ids before this round
+    tree: DraftTree
+    logits: torch.Tensor        # [q_len, vocab] float32 on CPU, every verify row
+    row_slots: tuple[int, ...]  # [q_len] out_cache_loc of the rows
+    acceptance: Acceptance
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    requests: tuple[RequestStep, ...]
+    batch: VerifyBatch
+
+
+class Engine:
+    def __init__(self, settings: RunSettings, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                 backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
+                 pipeline: Pipeline = Pipeline()):
+        self.s, self.cfg, self.backend, self.pipeline = settings, cfg, backend, pipeline
+        dev, q_len = settings.device, settings.q_len
+        self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)
+        self.max_context = max(map(len, prompt_ids)) + settings.max_new_tokens + q_len + 2
+        num_slots = 2 + len(prompts) * (self.max_context + q_len) + 64
+        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev)
+        self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
+        self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
+        self.requests = [Request(i, ids, spec, self.req_pool.alloc())
+                         for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
+        self.graph = (GraphRunner(self._verify_forward, q_len, len(prompts), self.max_context,
+                                  self.req_pool.req_to_token, dev, pipeline.graph)
+                      if settings.cuda_graph else None)
+
+    # -- stages ---------------------------------------------------------------
+    def _verify_forward(self, input_ids, positions, meta) -> torch.Tensor:
+        return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
+
+    def prefill(self) -> None:
+        """Causal extend of every prompt; the last logits give the first root."""
+        lens = [len(r.prompt) for r in self.requests]
+        loc = self.pool.allocator.alloc(sum(lens)).to(self.s.device)
+        ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
+        pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
+        meta = prefill_metadata(lens, loc)
+        meta = type(meta)(**{k: (v.to(self.s.device) if isinstance(v, torch.Tensor) else v)
+                             for k, v in meta.__dict__.items()})
+        logits = self.model.forward(ids, pos, meta, self.pool, self.backend)
+        ends = torch.cumsum(torch.tensor(lens), 0) - 1
+        for r, n, end, start in zip(self.requests, lens, ends.tolist(), (ends - torch.tensor(lens) + 1).tolist()):
+            self.req_pool.req_to_token[r.req_pool_idx, :n] = loc[start:start + n]
+            r.seq_len = n
+            r.emitted = [int(logits[end].argmax())]
+            r.continuation = self._greedy_continuation(r)
+
+    def _greedy_continuation(self, r: Request) -> list[int]:
+        """The target's own greedy stream (what a perfect drafter would say),
+        recomputed densely from token ids through the backend under test."""
+        from harness.runner.dense import dense_greedy
+        return dense_greedy(self.model, r.prompt, self.s.max_new_tokens + self.s.block_size)
+
+    def verify(self, vb: VerifyBatch) -> torch.Tensor:
+        if self.graph is not None:
+            return self.graph.verify(vb)
+        return self._verify_forward(vb.input_ids, vb.positions, vb.attn)
+
+    # -- the loop -------------------------------------------------------------
+    def rounds(self) -> Iterator[StepResult]:
+        self.prefill()
+        step = 0
+        while active := self._retire_finished():
+            yield self._round(step, active)
+            step += 1
+
+    def _retire_finished(self) -> list[Request]:
+        """Free the memory of requests that have all their tokens; return the rest."""
+        for r in self.requests:
+            if not r.finished and len(r.emitted) >= self.s.max_new_tokens:
+                self._finish(r)
+        return [r for r in self.requests if not r.finished]
+
+    def _round(self, step: int, active: list[Request]) -> StepResult:
+        s, p = self.s, self.pipeline
+        trees = []
+        for r in active:
+            lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
+            trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
+        loc = self.pool.allocator.alloc(len(active) * s.q_len).to(s.device)
+        vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
+                                  self.req_pool.req_to_token, loc, p.build_mask)
+        vb = _to_device(vb, s.device)
+        logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
+        out = []
+        for b, (r, tree) in enumerate(zip(active, trees)):
+            rows = slice(b * s.q_len, (b + 1) * s.q_len)
+            acc = p.accept(tree, logits[rows].argmax(-1).tolist())
+            out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
+                                   tuple(loc[rows].tolist()), acc))
+            r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len, loc[rows].cpu(), acc)
+            r.emitted += [tree.tokens[i] for i in acc.rows[1:]] + [acc.bonus]
+        return StepResult(step, tuple(out), vb)
+
+    def _finish(self, r: Request) -> None:
+        del r.emitted[self.s.max_new_tokens:]
+        slots = self.req_pool.req_to_token[r.req_pool_idx, :r.seq_len].cpu()
+        self.pool.allocator.free(slots)
+        self.req_pool.free(r.req_pool_idx)
+        r.finished = True
+
+
+def _to_device(vb: VerifyBatch, device: str) -> VerifyBatch:
+    if device == "cpu":
+        return vb
+    mv = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    attn = type(vb.attn)(**{k: mv(v) for k, v in vb.attn.__dict__.items()})
+    return VerifyBatch(mv(vb.input_ids), mv(vb.positions), vb.seq_lens, vb.req_pool_indices, attn, vb.q_len)

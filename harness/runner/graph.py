@@ -1,0 +1,123 @@
+"""CUDA-graph runner with SGLang's semantics: one capture per batch-size
+bucket at width q_len, static input buffers sized at capture and refilled in
+place before each replay, batches padded to their bucket with dummy requests
+(seq_len 1, request 0). Python-level choices are frozen at capture.
+
+On CUDA it records a torch.cuda.CUDAGraph. On CPU it replays the captured
+closure over the same static buffers, so stale-buffer and bucket bugs behave
+as they would on a GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from harness.mem.pool import PADDING_SLOT
+from harness.spec.verify_inputs import AttnMetadata, VerifyBatch
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """Switches a fault may flip; the defaults are SGLang's correct behaviour."""
+
+    capture_custom_mask: bool = True    # False: captured causal, the tree is ignored at replay
+    refill_mask: bool = True
+    refill_kv_indices: bool = True
+    mask_buffer_for_bucket: bool = True  # False: mask sized for the live batch only
+
+
+def capture_buckets(max_bs: int) -> list[int]:
+    buckets, b = [], 1
+    while b < max_bs:
+        buckets.append(b)
+        b *= 2
+    return buckets + [max_bs] if max_bs not in buckets else buckets
+
+
+@dataclass
+class _Static:
+    input_ids: torch.Tensor     # [bucket*q_len]
+    positions: torch.Tensor     # [bucket*q_len]
+    out_cache_loc: torch.Tensor  # [bucket*q_len]
+    kv_indptr: torch.Tensor     # [bucket+1]
+    kv_indices: torch.Tensor    # [bucket*max_context]
+    custom_mask: torch.Tensor   # uint8 [bucket*q_len*(max_context+q_len)]
+    mask_indptr: torch.Tensor   # [bucket+1]
+    meta: AttnMetadata
+    logits: torch.Tensor | None = None
+    replay: Callable[[], None] | None = None
+
+
+class GraphRunner:
+    def __init__(self, forward: Callable, q_len: int, max_bs: int, max_context: int,
+                 req_to_token: torch.Tensor, device: str, options: GraphOptions = GraphOptions()):
+        """forward(input_ids, positions, meta) -> logits  # [T, vocab]"""
+        self.forward, self.q_len, self.max_context = forward, q_len, max_context
+        self.req_to_token, self.device, self.options = req_to_token, device, options
+        self.buckets = capture_buckets(max_bs)
+        self._graphs: dict[int, _Static] = {}
+        self.num_captures = 0
+
+    def _capture(self, bucket: int) -> _Static:
+        n, dev = self.q_len, self.device
+        t = bucket * n
+        i64 = dict(dtype=torch.int64, device=dev)
+        mask_bs = bucket if self.options.mask_buffer_for_bucket else 1
+        st = _Static(
+            input_ids=torch.zeros(t, **i64), positions=torch.zeros(t, **i64),
+            out_cache_loc=torch.full((t,), PADDING_SLOT, **i64),
+            kv_indptr=torch.arange(bucket + 1, **i64), kv_indices=torch.zeros(bucket * self.max_context, **i64),
+            custom_mask=torch.ones(mask_bs * n * (self.max_context + n), dtype=torch.uint8, device=dev),
+            mask_indptr=torch.arange(bucket + 1, **i64) * n * (1 + n), meta=None)  # type: ignore[arg-type]
+        st.meta = AttnMetadata(
+            qo_indptr=torch.arange(0, (bucket + 1) * n, n, **i64), kv_indptr=st.kv_indptr,
+            kv_indices=st.kv_indices, out_cache_loc=st.out_cache_loc,
+            custom_mask=st.custom_mask if self.options.capture_custom_mask else None,
+            mask_indptr=st.mask_indptr, max_len_extend=n)
+
+        def run() -> None:
+            st.logits.copy_(self.forward(st.input_ids, st.positions, st.meta))
+
+        st.logits = self.forward(st.input_ids, st.positions, st.meta).clone()  # warm-up, sizes outputs
+        if dev.startswith("cuda"):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            st.replay = graph.replay
+        else:
+            st.replay = run
+        self.num_captures += 1
+        return st
+
+    def verify(self, vb: VerifyBatch) -> torch.Tensor:
+        """Copy the live batch into the bucket's static buffers, replay, read
+        logits  # [bs*q_len, vocab] from the static output."""
+        bs, n = vb.seq_lens.numel(), self.q_len
+        bucket = next(b for b in self.buckets if b >= bs)
+        if bucket not in self._graphs:
+            self._graphs[bucket] = self._capture(bucket)
+        st = self._graphs[bucket]
+        t = bs * n
+        st.input_ids[:t] = vb.input_ids
+        st.input_ids[t:] = 0
+        st.positions[:t] = vb.positions
+        st.positions[t:] = 0
+        st.out_cache_loc[:t] = vb.attn.out_cache_loc
+        st.out_cache_loc[t:] = PADDING_SLOT
+        dummies = bucket - bs
+        seq_lens = torch.cat([vb.seq_lens.cpu(), torch.ones(dummies, dtype=torch.int64)])
+        st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
+        if self.options.refill_kv_indices:
+            live = vb.attn.kv_indices.numel()
+            st.kv_indices[:live] = vb.attn.kv_indices
+            st.kv_indices[live:live + dummies] = self.req_to_token[0, 0]
+        mask_sizes = n * (seq_lens + n)
+        st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), mask_sizes]), 0))
+        if self.options.refill_mask:
+            live = vb.attn.custom_mask.numel()
+            end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
+            st.custom_mask[:live] = vb.attn.custom_mask.to(torch.uint8)
+            st.custom_mask[live:end] = 1  # dummy requests see everything: no empty rows
+        st.replay()
+        return st.logits[:t].clone()

@@ -1,0 +1,23 @@
+"""The verify pipeline as swappable stages. Each field is a plain function;
+a user (or a fault) replaces one with dataclasses.replace."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.runner.graph import GraphOptions
+from harness.spec.accept import greedy_walk
+from harness.spec.commit import commit_kv
+from harness.spec.mask import flat_custom_mask
+from harness.spec.tree import build_tree
+from harness.spec.verify_inputs import build_verify_batch
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    build_tree: Callable = build_tree               # (root, draft_logprobs, budget, topk) -> DraftTree
+    build_mask: Callable = flat_custom_mask         # (trees, prefix_lens) -> (custom_mask, mask_indptr)
+    build_verify_batch: Callable = build_verify_batch
+    accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
+    commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len
+    graph: GraphOptions = GraphOptions()

@@ -1,0 +1,95 @@
+"""Run settings and the requests of a run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class UsageError(ValueError):
+    """Bad input from the user: one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    budget: int = 16
+    topk: int = 1
+    cuda_graph: bool = False
+    backend: str = "torch"
+    batch: int = 1
+    max_new_tokens: int = 24
+    block_size: int = 8
+    model: str = "tiny"
+    seed: int = 0
+    dtype: str = "float32"
+    fault: str | None = None
+    accept: str = "walk"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
+                  (self.topk >= 1, f"--topk must be >= 1, got {self.topk}"),
+                  (self.block_size >= 2, f"--block-size must be >= 2, got {self.block_size}"),
+                  (self.batch >= 1, f"--batch must be >= 1, got {self.batch}"),
+                  (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+                  (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")]
+        for ok, msg in checks:
+            if not ok:
+                raise UsageError(msg)
+
+    @property
+    def q_len(self) -> int:
+        return self.budget + 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def command(self) -> str:
+        """The ddcheck command that reproduces this setting."""
+        parts = ["ddcheck run", f"--budget {self.budget}", f"--topk {self.topk}",
+                 "--cuda-graph" if self.cuda_graph else "--no-cuda-graph", f"--backend {self.backend}",
+                 f"--batch {self.batch}", f"--max-new-tokens {self.max_new_tokens}",
+                 f"--block-size {self.block_size}", f"--model {self.model}", f"--seed {self.seed}",
+                 f"--dtype {self.dtype}", f"--accept {self.accept}"]
+        if self.fault:
+            parts.append(f"--fault {self.fault}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt as data: its tokens (or a length to draw them from the seed)
+    and the drafter's accuracy on it (code-like prompts are accurate)."""
+
+    name: str
+    length: int
+    accuracy: float
+    tokens: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.accuracy <= 1.0:
+            raise UsageError(f"prompt {self.name!r}: accuracy must be in [0, 1]")
+        if self.length < 1:
+            raise UsageError(f"prompt {self.name!r}: length must be >= 1")
+
+
+# The seed's pair: an accurate code-like prompt next to an open-ended poem-like one.
+DEFAULT_PROMPTS = (PromptSpec("code", 14, 0.9), PromptSpec("poem", 9, 0.3),
+                   PromptSpec("code-long", 23, 0.8), PromptSpec("poem-short", 5, 0.2))
+
+
+def prompts_for_batch(batch: int, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -> list[PromptSpec]:
+    return [prompts[i % len(prompts)] for i in range(batch)]
+
+
+def prompt_tokens(spec: PromptSpec, index: int, vocab: int, seed: int) -> list[int]:
+    if spec.tokens:
+        return list(spec.tokens)
+    gen = torch.Generator().manual_seed(seed * 1000 + index)
+    return torch.randint(0, vocab, (spec.length,), generator=gen).tolist()

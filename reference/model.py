@@ -1,0 +1,178 @@
+"""A dense float64 Llama-family forward pass with no KV cache.
+
+This is the oracle's model: slow, obvious and independent of harness/.
+Every call recomputes every position from the token ids; attention is an
+explicit [heads, T, T] score matrix with an explicit boolean visibility mask.
+
+Conventions (all Hugging Face's):
+  * RMSNorm: x * rsqrt(mean(x^2) + eps) * w
+  * RoPE "rotate_half": inv_freq = 1 / theta^(arange(0, d, 2) / d),
+    angles = position * inv_freq, cos/sin of cat(angles, angles)
+  * GQA: each kv head serves num_heads // num_kv_heads query heads
+  * SwiGLU MLP: down(silu(gate(x)) * up(x))
+  * Qwen2 (`qkv_bias`): bias on q, k, v projections
+  * Qwen3 (`qk_norm`): per-head RMSNorm over head_dim on q and k, before RoPE
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ddschema.config import ModelConfig, weight_names
+
+DTYPE = torch.float64
+
+
+class ForwardResult(NamedTuple):
+    """What one dense forward returns: a 4-tuple with named fields.
+
+    logits:  [T, V] float64
+    hiddens: num_layers + 1 tensors [T, hidden]: the residual stream after the
+             embedding and after each layer (the last is before the final norm)
+    ks, vs:  one tensor per layer [T, kv_heads, head_dim]; K is after RoPE
+    """
+
+    logits: Tensor
+    hiddens: list[Tensor]
+    ks: list[Tensor]
+    vs: list[Tensor]
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x * rsqrt(mean(x^2 over the last dim) + eps) * weight."""
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """[..., d] -> cat(-x[..., d/2:], x[..., :d/2])."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [T, head_dim] float64 for integer positions [T]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=DTYPE) / head_dim))  # [d/2]
+    angles = positions.to(DTYPE)[:, None] * inv_freq[None, :]  # [T, d/2]
+    emb = torch.cat((angles, angles), dim=-1)  # [T, d]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, heads, d] rotated by per-position cos/sin [T, d]."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def causal_mask(t: int) -> Tensor:
+    """[T, T] bool, True where query row i may see key column j (j <= i)."""
+    return torch.ones(t, t, dtype=torch.bool).tril()
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
+    """Softmax attention in float64.
+
+    q [T, heads, d], k and v [T, kv_heads, d], visible [T, T] bool.
+    Returns [T, heads, d]. Every row must see at least one key.
+    """
+    heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
+    group = heads // kv_heads
+    k_full = k.repeat_interleave(group, dim=1)  # [T, heads, d]
+    v_full = v.repeat_interleave(group, dim=1)  # [T, heads, d]
+    scores = torch.einsum("qhd,khd->hqk", q, k_full) / math.sqrt(d)  # [heads, T, T]
+    scores = scores.masked_fill(~visible[None, :, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # [heads, T, T]
+    return torch.einsum("hqk,khd->qhd", probs, v_full)  # [T, heads, d]
+
+
+class DenseLlama:
+    """Dense float64 Llama / Qwen2 / Qwen3 decoder on CPU, without a KV cache.
+
+    `weights` uses Hugging Face tensor names (ddschema.weight_names); every
+    tensor is copied to float64 on CPU. Missing names raise KeyError.
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor]) -> None:
+        self.config = config
+        missing = [n for n in weight_names(config) if n not in weights]
+        if missing:
+            raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
+        self.w = {name: weights[name].detach().to(device="cpu", dtype=DTYPE).clone()
+                  for name in weight_names(config)}
+        if config.tie_word_embeddings:
+            self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+
+    def _linear(self, x: Tensor, name: str, bias: bool = False) -> Tensor:
+        """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out]."""
+        y = x @ self.w[name + ".weight"].T
+        return y + self.w[name + ".bias"] if bias else y
+
+    def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor,
+                         visible: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One layer's attention on the normed input x [T, hidden].
+
+        Returns (output [T, hidden], k [T, kv_heads, d] after RoPE, v [T, kv_heads, d]).
+        """
+        c, p = self.config, f"model.layers.{layer}.self_attn."
+        t = x.shape[0]
+        b = c.qkv_bias
+        q = self._linear(x, p + "q_proj", b).view(t, c.num_heads, c.head_dim)  # [T, H, d]
+        k = self._linear(x, p + "k_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
+        v = self._linear(x, p + "v_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
+        if c.qk_norm:
+            q = rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
+            k = rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attention(q, k, v, visible).reshape(t, c.num_heads * c.head_dim)  # [T, H*d]
+        return self._linear(out, p + "o_proj"), k, v
+
+    def _mlp(self, layer: int, x: Tensor) -> Tensor:
+        """SwiGLU: down(silu(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]."""
+        p = f"model.layers.{layer}.mlp."
+        gate = torch.nn.functional.silu(self._linear(x, p + "gate_proj"))  # [T, I]
+        return self._linear(gate * self._linear(x, p + "up_proj"), p + "down_proj")
+
+    def forward(self, token_ids: list[int], positions: list[int] | None = None,
+                visible: Tensor | None = None) -> ForwardResult:
+        """Run the whole sequence at once.
+
+        token_ids: T ints in [0, vocab). positions: T RoPE positions, default
+        0..T-1. visible: [T, T] bool (row = query, column = key), default causal.
+        Returns ForwardResult(logits [T, V], hiddens, ks, vs); see its docstring.
+        """
+        c = self.config
+        t = len(token_ids)
+        if t == 0:
+            raise ValueError("forward needs at least one token")
+        ids = torch.tensor(list(token_ids), dtype=torch.long)  # [T]
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
+        pos = torch.arange(t) if positions is None else torch.tensor(list(positions))  # [T]
+        if pos.shape != (t,):
+            raise ValueError("positions must have one entry per token")
+        mask = causal_mask(t) if visible is None else visible.to(torch.bool)  # [T, T]
+        if mask.shape != (t, t):
+            raise ValueError(f"visible must be [{t}, {t}], got {list(mask.shape)}")
+        if not mask.any(dim=-1).all():
+            raise ValueError("every row of visible must see at least one key")
+        cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta)  # [T, d] each
+
+        h = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
+        hiddens, ks, vs = [h], [], []
+        for layer in range(c.num_layers):
+            p = f"model.layers.{layer}."
+            attn_out, k, v = self._attention_block(
+                layer, rms_norm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps),
+                cos, sin, mask)
+            h = h + attn_out
+            h = h + self._mlp(layer, rms_norm(h, self.w[p + "post_attention_layernorm.weight"],
+                                              c.rms_norm_eps))
+            hiddens.append(h)
+            ks.append(k)
+            vs.append(v)
+        normed = rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)  # [T, hidden]
+        logits = normed @ self.w["lm_head.weight"].T  # [T, V]
+        return ForwardResult(logits, hiddens, ks, vs)
+
+    __call__ = forward
