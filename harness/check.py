@@ -84,7 +84,15 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
     _check_streams(p, summary, writer)
+    writer.write(summary_record(s, summary))
     return summary
+
+
+def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
+    from dataclasses import asdict
+    d = {k: v for k, v in asdict(summary).items() if k != "setting"}
+    return {"kind": "summary", "setting": summary.setting, "passed": summary.passed,
+            "settings": s.to_dict(), **d}
 
 
 def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary, writer: RecordWriter) -> None:
