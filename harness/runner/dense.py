@@ -18,8 +18,7 @@ def dense_greedy(model: LlamaModel, prompt: list[int], n: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(n):
         loc = torch.arange(1, len(tokens) + 1, device=device)
-        meta = prefill_metadata([len(tokens)], loc)
-        meta = type(meta)(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in meta.__dict__.items()})
+        meta = prefill_metadata([len(tokens)], loc).to(device)
         ids = torch.tensor(tokens, device=device)
         logits = model.forward(ids, torch.arange(len(tokens), device=device), meta, pool, backend)
         tokens.append(int(logits[-1].argmax()))

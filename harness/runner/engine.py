@@ -87,9 +87,7 @@ class Engine:
         loc = self.pool.allocator.alloc(sum(lens)).to(self.s.device)
         ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
         pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
-        meta = prefill_metadata(lens, loc)
-        meta = type(meta)(**{k: (v.to(self.s.device) if isinstance(v, torch.Tensor) else v)
-                             for k, v in meta.__dict__.items()})
+        meta = prefill_metadata(lens, loc).to(self.s.device)
         logits = self.model.forward(ids, pos, meta, self.pool, self.backend)
         ends = torch.cumsum(torch.tensor(lens), 0) - 1
         for r, n, end, start in zip(self.requests, lens, ends.tolist(), (ends - torch.tensor(lens) + 1).tolist()):
@@ -133,7 +131,7 @@ class Engine:
         loc = self.pool.allocator.alloc(len(active) * s.q_len).to(s.device)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, loc, p.build_mask)
-        vb = _to_device(vb, s.device)
+        vb = vb.to(s.device)
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         out = []
         for b, (r, tree) in enumerate(zip(active, trees)):
@@ -152,10 +150,3 @@ class Engine:
         self.req_pool.free(r.req_pool_idx)
         r.finished = True
 
-
-def _to_device(vb: VerifyBatch, device: str) -> VerifyBatch:
-    if device == "cpu":
-        return vb
-    mv = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
-    attn = type(vb.attn)(**{k: mv(v) for k, v in vb.attn.__dict__.items()})
-    return VerifyBatch(mv(vb.input_ids), mv(vb.positions), vb.seq_lens, vb.req_pool_indices, attn, vb.q_len)

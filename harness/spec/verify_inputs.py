@@ -2,7 +2,7 @@
 backend builds (DOMAIN.md section 3), for a batch of trees."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import torch
@@ -27,6 +27,10 @@ class AttnMetadata:
     def batch_size(self) -> int:
         return self.qo_indptr.numel() - 1
 
+    def to(self, device: str) -> "AttnMetadata":
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
 
 @dataclass(frozen=True)
 class VerifyBatch:
@@ -38,6 +42,10 @@ class VerifyBatch:
     req_pool_indices: torch.Tensor  # [bs] row of req_to_token
     attn: AttnMetadata
     q_len: int
+
+    def to(self, device: str) -> "VerifyBatch":
+        return replace(self, input_ids=self.input_ids.to(device), positions=self.positions.to(device),
+                       attn=self.attn.to(device))
 
 
 MaskBuilder = Callable[[list[DraftTree], list[int]], tuple[torch.Tensor, torch.Tensor]]
