@@ -28,7 +28,7 @@ class FirstDivergence:
     depth: int | None
     padding_present: bool
     rel_err: float | None
-    what: str = "node"   # node | stream
+    what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream
 
 
 @dataclass
@@ -40,14 +40,17 @@ class CheckSummary:
     padding_rows: int = 0
     steps: int = 0
     stream_mismatches: int = 0
+    accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
     first: FirstDivergence | None = None
     notes: list[str] = field(default_factory=list)
+    fault_class: str | None = None   # the localizer's class of the first divergence
+    explanation: str | None = None   # the localizer's paragraph
 
     @property
     def passed(self) -> bool:
-        return self.divergent_nodes == 0 and self.stream_mismatches == 0
+        return self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
 
 
 @dataclass(frozen=True)
@@ -73,17 +76,25 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     return Prepared(s, engine, oracle, specs, ids)
 
 
-def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None) -> CheckSummary:
+def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
+          localize: bool = True) -> CheckSummary:
     s = p.settings
     summary = CheckSummary(setting=s.command())
     tol = rel_tolerance(s.dtype)
+    ignored_prefix_keys = 0
     for result in p.engine.rounds():
         summary.steps += 1
+        ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         for rs in result.requests:
             _check_request_step(rs, p.oracle, tol, summary, writer)
+            _cross_check_acceptance(rs, s.accept, summary, writer)
+        _check_batch_padding(p, result.step, summary)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
     _check_streams(p, summary, writer)
+    _add_notes(p, summary, ignored_prefix_keys)
+    if summary.first is not None and localize:
+        _localize(p, summary, writer)
     writer.write(summary_record(s, summary))
     return summary
 
@@ -105,8 +116,12 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
         if padding:
             finite = bool(torch.isfinite(rs.logits[row]).all())
             summary.padding_rows += 1
+            if not finite:  # a padding row must see at least one key: NaN here is a fully masked row
+                summary.divergent_nodes += 1
+                if summary.first is None:
+                    summary.first = FirstDivergence(rs.step, rs.rid, row, None, True, None, "padding")
             writer.write(NodeRecord(rs.step, rs.rid, row, None, None, None, True, False, None, None, None,
-                                    None, finite, "padding", summary.setting))
+                                    None, finite, "padding" if finite else "diverge", summary.setting))
             continue
         m = compare_node(rs.logits[row], ref[row])
         verdict = m.verdict(tol)
@@ -121,6 +136,44 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
                                 verdict, summary.setting))
+
+
+def _ignored_prefix_keys(vb, backend) -> int:
+    """Prefix keys the mask blocks (a False in a prefix column of a request's
+    block) that the backend never reads, so they stay visible: the oracle,
+    like SGLang's kernel under skip_prefix_custom_mask, shows every row the
+    whole prefix, and the comparison judges against what the kernel does."""
+    if "prefix" in backend.mask_regions or vb.attn.custom_mask is None:
+        return 0
+    mask, indptr, n = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
+    blocked = 0
+    for b, prefix in enumerate(vb.seq_lens.tolist()):
+        block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]
+        blocked += int((~block[:, :prefix]).any(0).sum())
+    return blocked
+
+
+def _cross_check_acceptance(rs: RequestStep, accept: str, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The acceptor that did not drive the run must agree with the one that did."""
+    if rs.cross_check is None or rs.cross_check == rs.acceptance:
+        return
+    walk, sglang = (rs.acceptance, rs.cross_check) if accept == "walk" else (rs.cross_check, rs.acceptance)
+    summary.accept_mismatches += 1
+    writer.write({"kind": "accept", "setting": summary.setting, "step": rs.step, "request": rs.rid,
+                  "walk_rows": list(walk.rows), "sglang_rows": list(sglang.rows),
+                  "walk_bonus": walk.bonus, "sglang_bonus": sglang.bonus, "verdict": "diverge"})
+
+
+def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> None:
+    backend = p.engine.backend
+    if ignored_prefix_keys:
+        summary.notes.append(f"mask blocks {ignored_prefix_keys} prefix keys; {backend.name} does not read the "
+                             "prefix columns (skip_prefix_custom_mask), so they stay visible")
+    if summary.accept_mismatches:
+        summary.notes.append(f"acceptance: walk and SGLang's verify_tree_greedy disagree on "
+                             f"{summary.accept_mismatches} (step, request) pairs (see the accept records)")
+    if p.engine.cross_accept is None:
+        summary.notes.append("acceptance cross-check skipped: SGLang's verify_tree_greedy_triton does not import")
 
 
 def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
@@ -139,3 +192,25 @@ def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> 
             if summary.first is None:
                 summary.first = FirstDivergence(-1, r.rid, first, None, False, None, "stream")
         writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting))
+
+
+def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
+    """Graph batch-padding (dummy) rows are discarded, but like padding rows
+    they must come out finite: NaN there means their mask was not theirs."""
+    replay = p.engine.graph.last if p.engine.graph is not None else None
+    if replay is None:
+        return
+    t = replay.live.seq_lens.numel() * replay.live.q_len
+    bad = (~torch.isfinite(replay.logits[t:]).all(-1)).nonzero().flatten().tolist()
+    summary.divergent_nodes += len(bad)
+    if bad and summary.first is None:
+        n = replay.live.q_len
+        summary.first = FirstDivergence(step, (t + bad[0]) // n, bad[0] % n, None, True, None, "batch-padding")
+
+
+def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
+    """Name the first divergence: a `localize` record and the summary's explanation."""
+    from harness.localize import localize
+    loc = localize(p, summary.first)
+    writer.write(loc)
+    summary.fault_class, summary.explanation = loc.fault_class, loc.explanation

@@ -1,8 +1,16 @@
 """Suite-wide settings."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# SGLang's Triton kernels run under the interpreter on a machine without CUDA,
+# and TRITON_INTERPRET is read when triton is first imported; transformers
+# imports triton too, so it is set here, before any test module is collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -18,6 +18,7 @@ MODULE_PATHS = (
     "sglang.srt.layers.attention.triton_ops.extend_attention",     # 0.5.9 and older
 )
 INSTALL_HINT = "pip install --no-deps sglang==0.5.23 (see the README's setup)"
+REQUIRED_PARAMS = ("custom_mask", "mask_indptr", "skip_prefix_custom_mask")
 
 
 def use_interpreter() -> bool:
@@ -33,14 +34,28 @@ def prepare_interpreter() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _one_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _import_kernel():
+    """extend_attention_fwd from the first module path that imports; a
+    BackendUnavailable naming the install command when none does, or when the
+    kernel predates the arguments verify needs (custom mask, prefix skip)."""
     prepare_interpreter()
     errors = []
     for path in MODULE_PATHS:
         try:
-            return importlib.import_module(path).extend_attention_fwd
-        except ImportError as e:
-            errors.append(f"{path}: {e}")
+            fwd = importlib.import_module(path).extend_attention_fwd
+        except Exception as e:  # noqa: BLE001  (any failure of SGLang's import chain is "unavailable")
+            errors.append(f"{path}: {_one_line(e)}")
+            continue
+        missing = [p for p in REQUIRED_PARAMS if p not in inspect.signature(fwd).parameters]
+        if missing:
+            raise BackendUnavailable(f"SGLang is too old: {path}.extend_attention_fwd has no "
+                                     f"{', '.join(missing)}; {INSTALL_HINT}")
+        return fwd
     raise BackendUnavailable(f"SGLang's extend_attention kernel does not import ({errors[0]}); {INSTALL_HINT}")
 
 

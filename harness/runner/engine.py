@@ -16,6 +16,7 @@ from harness.runner.graph import GraphRunner
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import PromptSpec, RunSettings
 from harness.spec.accept import Acceptance
+from harness.spec.accept_sglang import pick_acceptors
 from harness.spec.drafter import DrafterConfig, NoisyOracleDrafter
 from harness.spec.tree import DraftTree
 from harness.spec.verify_inputs import VerifyBatch, prefill_metadata
@@ -50,6 +51,7 @@ class RequestStep:
     logits: torch.Tensor        # [q_len, vocab] float32 on CPU, every verify row
     row_slots: tuple[int, ...]  # [q_len] out_cache_loc of the rows
     acceptance: Acceptance
+    cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class Engine:
         num_slots = 2 + len(prompts) * (self.max_context + q_len) + 64
         self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev)
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
+        # settings.accept drives the run; the other acceptor is cross-checked every step
+        self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
         self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
@@ -136,9 +140,11 @@ class Engine:
         out = []
         for b, (r, tree) in enumerate(zip(active, trees)):
             rows = slice(b * s.q_len, (b + 1) * s.q_len)
-            acc = p.accept(tree, logits[rows].argmax(-1).tolist())
+            predicts = logits[rows].argmax(-1).tolist()
+            acc = self.accept(tree, predicts)
+            cross = self.cross_accept(tree, predicts) if self.cross_accept else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
-                                   tuple(loc[rows].tolist()), acc))
+                                   tuple(loc[rows].tolist()), acc, cross))
             r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len, loc[rows].cpu(), acc)
             r.emitted += [tree.tokens[i] for i in acc.rows[1:]] + [acc.bonus]
         return StepResult(step, tuple(out), vb)

@@ -34,7 +34,8 @@ class RunSettings:
                   (self.block_size >= 2, f"--block-size must be >= 2, got {self.block_size}"),
                   (self.batch >= 1, f"--batch must be >= 1, got {self.batch}"),
                   (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
-                  (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")]
+                  (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+                  (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
