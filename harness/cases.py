@@ -1,0 +1,273 @@
+"""Scenarios as TOML files (cases/*.toml): a model, prompts, a setting matrix,
+faults that must be caught, and tolerance ceilings. Parsing is strict: a bad
+key is a CaseError (a usage error, exit 2) naming the file, the key and what
+was expected, in one line.
+
+    name = "gate"                      # optional, defaults to the file stem
+    description = "one line"
+    model = "tiny"                     # preset or checkpoint directory
+    seed = 0
+    max_new_tokens = 12
+    block_size = 8
+
+    [[prompts]]                        # optional; default: the seed's prompts
+    name = "code"
+    length = 14                        # or tokens = [1, 2, 3]
+    accuracy = 0.9                     # drafter accuracy on this prompt
+
+    [[matrix]]                         # each table is a product; the case runs their union
+    label = "seed"
+    budget = [16]                      # scalars or lists; omitted axes take AXIS_DEFAULTS
+    topk = [1]
+    cuda_graph = [true, false]
+    backend = ["torch"]
+    batch = [2]
+    dtype = ["float32"]
+    fault = "padded-kv-visible"        # optional: switch a fault on (the gate must then fail)
+
+    [[faults]]                         # faults the gate must catch, with the settings they run under
+    name = "padded-kv-visible"
+    budget = 16
+    topk = 1
+
+    [tolerances]                       # optional ceilings on a setting's max rel. error, per dtype
+    float32 = 1e-5
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.compare.tolerance import REL_TOL
+from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError
+
+AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
+AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
+                 "batch": (1,), "dtype": ("float32",)}
+_AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str}
+_TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
+             "faults", "tolerances"}
+CASES_DIR = Path("cases")
+DEFAULT_CASE = CASES_DIR / "gate.toml"
+
+
+class CaseError(UsageError):
+    """A malformed case file: `<file>: key '<key>': expected <what>, got <value>`."""
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One product of setting axes (a [[matrix]] table, a [[faults]] entry's
+    settings, or the sweep's flags)."""
+
+    label: str
+    axes: dict  # axis -> tuple of values, every axis of AXES present
+    fault: str | None = None
+    accept: str = "walk"
+
+    def settings(self, base: RunSettings) -> list[RunSettings]:
+        values = [self.axes[a] for a in AXES]
+        return [replace(base, fault=self.fault, accept=self.accept, **dict(zip(AXES, combo)))
+                for combo in itertools.product(*values)]
+
+
+@dataclass(frozen=True)
+class ExpectedFault:
+    name: str
+    under: Matrix  # the settings it runs under
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    path: Path
+    description: str
+    base: RunSettings            # model, seed, max_new_tokens, block_size
+    prompts: tuple[PromptSpec, ...]
+    matrix: tuple[Matrix, ...]
+    faults: tuple[ExpectedFault, ...]
+    tolerances: dict             # dtype -> ceiling on max rel. error
+
+    def settings(self) -> list[RunSettings]:
+        """The fault-free (or fault-injected) matrix, deduplicated, in file order."""
+        out: list[RunSettings] = []
+        for m in self.matrix:
+            out += [s for s in m.settings(self.base) if s not in out]
+        return out
+
+    def one_line(self) -> str:
+        faults = ", ".join(f.name for f in self.faults) or "none"
+        return (f"{self.name:<14} {len(self.settings()):>3} settings, {len(self.prompts)} prompts, "
+                f"faults: {faults} ({self.path}) {self.description}")
+
+
+def _fail(path: Path, key: str, expected: str, got) -> CaseError:
+    return CaseError(f"{path}: key '{key}': expected {expected}, got {json.dumps(got, default=str)}")
+
+
+def _get(path: Path, table: dict, key: str, where: str, kind, default, expected: str):
+    value = table.get(key, default)
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise _fail(path, f"{where}{key}", expected, value)
+    return value
+
+
+def _check_keys(path: Path, table, allowed: set, where: str) -> None:
+    if not isinstance(table, dict):
+        raise _fail(path, where.rstrip(".") or "<top>", "a table", table)
+    for key in table:
+        if key not in allowed:
+            raise _fail(path, f"{where}{key}", f"one of {', '.join(sorted(allowed))} (unknown key)", table[key])
+
+
+def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
+    if axis not in table:
+        return AXIS_DEFAULTS[axis]
+    raw = table[axis]
+    values = raw if isinstance(raw, list) else [raw]
+    kind = _AXIS_TYPES[axis]
+    name = {int: "positive integers", bool: "booleans", str: "strings"}[kind]
+    good = values and all(isinstance(v, kind) and (kind is not int or (not isinstance(v, bool) and v >= 1))
+                          for v in values)
+    if not good:
+        raise _fail(path, f"{where}{axis}", f"a {name[:-1]} or a non-empty list of {name}", raw)
+    if axis == "dtype" and any(v not in REL_TOL for v in values):
+        raise _fail(path, f"{where}{axis}", f"dtypes among {', '.join(REL_TOL)}", raw)
+    return tuple(dict.fromkeys(values))
+
+
+def _matrix(path: Path, table: dict, where: str, label: str, extra: set) -> Matrix:
+    _check_keys(path, table, set(AXES) | {"label", "fault", "accept"} | extra, where)
+    axes = {a: _axis(path, table, a, where) for a in AXES}
+    fault = table.get("fault")
+    if fault is not None and not isinstance(fault, str):
+        raise _fail(path, f"{where}fault", "a fault name (a string)", fault)
+    accept = _get(path, table, "accept", where, str, "walk", "'walk' or 'sglang'")
+    if accept not in ("walk", "sglang"):
+        raise _fail(path, f"{where}accept", "'walk' or 'sglang'", accept)
+    return Matrix(_get(path, table, "label", where, str, label, "a string"), axes, fault, accept)
+
+
+def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:
+    if raw is None:
+        return DEFAULT_PROMPTS
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, "prompts", "a non-empty array of tables ([[prompts]])", raw)
+    out = []
+    for i, p in enumerate(raw):
+        where = f"prompts[{i}]."
+        _check_keys(path, p, {"name", "length", "tokens", "accuracy"}, where)
+        name = _get(path, p, "name", where, str, None, "a string")
+        accuracy = _get(path, p, "accuracy", where, float, None, "a number in [0, 1]")
+        if not 0.0 <= accuracy <= 1.0:
+            raise _fail(path, f"{where}accuracy", "a number in [0, 1]", accuracy)
+        tokens = p.get("tokens", [])
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                   for t in tokens):
+            raise _fail(path, f"{where}tokens", "a list of token ids (non-negative integers)", tokens)
+        if ("length" in p) == bool(tokens):
+            raise _fail(path, where + "length", "exactly one of 'length' or 'tokens'", p.get("length"))
+        length = len(tokens) if tokens else _get(path, p, "length", where, int, None, "a positive integer")
+        if length < 1:
+            raise _fail(path, f"{where}length", "a positive integer", length)
+        out.append(PromptSpec(name, length, accuracy, tuple(tokens)))
+    return tuple(out)
+
+
+def _tolerances(path: Path, raw) -> dict:
+    if raw is None:
+        return {}
+    _check_keys(path, raw, set(REL_TOL), "tolerances.")
+    out = {}
+    for dtype, value in raw.items():
+        # the check judges nodes at the default; a case may only tighten it
+        ceiling = _get(path, raw, dtype, "tolerances.", float, None, f"a number in (0, {REL_TOL[dtype]}]")
+        if not 0.0 < ceiling <= REL_TOL[dtype]:
+            raise _fail(path, f"tolerances.{dtype}", f"a number in (0, {REL_TOL[dtype]}] (the default)", ceiling)
+        out[dtype] = ceiling
+    return out
+
+
+def load_case(path: Path) -> Case:
+    """Parse and validate one case file; raises CaseError."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise CaseError(f"{path}: no such case file (`ddcheck cases` lists them)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CaseError(f"{path}: not valid TOML ({e})") from None
+    _check_keys(path, doc, _TOP_KEYS, "")
+    base = RunSettings(
+        model=_get(path, doc, "model", "", str, "tiny", "a model preset or checkpoint directory"),
+        seed=_get(path, doc, "seed", "", int, 0, "an integer"),
+        max_new_tokens=_positive(path, doc, "max_new_tokens", 12),
+        block_size=_positive(path, doc, "block_size", 8, minimum=2),
+        backend="torch")
+    matrices = doc.get("matrix", [])
+    if not isinstance(matrices, list):
+        raise _fail(path, "matrix", "an array of tables ([[matrix]])", matrices)
+    matrix = tuple(_matrix(path, m, f"matrix[{i}].", f"matrix-{i}", set()) for i, m in enumerate(matrices))
+    faults_raw = doc.get("faults", [])
+    if not isinstance(faults_raw, list):
+        raise _fail(path, "faults", "an array of tables ([[faults]])", faults_raw)
+    faults = []
+    for i, f in enumerate(faults_raw):
+        where = f"faults[{i}]."
+        name = _get(path, f if isinstance(f, dict) else {}, "name", where, str, None, "a fault name")
+        under = _matrix(path, {k: v for k, v in f.items() if k != "name"}, where, name, set())
+        if under.fault is not None:
+            raise _fail(path, f"{where}fault", "no 'fault' key (the entry's name is the fault)", under.fault)
+        faults.append(ExpectedFault(name, replace(under, fault=name)))
+    if not matrix and not faults:
+        raise _fail(path, "matrix", "at least one [[matrix]] or [[faults]] table", None)
+    case = Case(_get(path, doc, "name", "", str, path.stem, "a string"), path,
+                _get(path, doc, "description", "", str, "", "a string"), base,
+                _prompts(path, doc.get("prompts")), matrix, tuple(faults), _tolerances(path, doc.get("tolerances")))
+    validate_faults(case)
+    return case
+
+
+def _positive(path: Path, doc: dict, key: str, default: int, minimum: int = 1) -> int:
+    value = _get(path, doc, key, "", int, default, f"an integer >= {minimum}")
+    if value < minimum:
+        raise _fail(path, key, f"an integer >= {minimum}", value)
+    return value
+
+
+def validate_faults(case: Case) -> None:
+    """Every fault named in the case is registered and can show under its settings."""
+    from harness.faults import FAULTS, why_cannot_show
+    import harness.faults.catalog  # noqa: F401  (registers the catalog)
+    vocab = model_vocab(case.base.model)
+    named = [(f"matrix[{i}].fault", m.fault, m) for i, m in enumerate(case.matrix) if m.fault]
+    named += [(f"faults[{i}].name", f.name, f.under) for i, f in enumerate(case.faults)]
+    for key, name, m in named:
+        if name not in FAULTS:
+            raise _fail(case.path, key, f"a registered fault ({', '.join(sorted(FAULTS))})", name)
+        for s in m.settings(case.base):
+            reason = why_cannot_show(name, s, vocab)
+            if reason:
+                raise _fail(case.path, key, f"settings where it can show ({reason})", name)
+
+
+def model_vocab(model: str) -> int:
+    """The vocabulary size of a preset or checkpoint, without loading weights."""
+    from harness.model.presets import PRESETS, ModelLoadError, config_from_hf
+    if model in PRESETS:
+        return PRESETS[model].vocab_size
+    cfg = Path(model) / "config.json"
+    if not cfg.is_file():
+        raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} "
+                             "(or a checkpoint directory)")
+    return config_from_hf(json.loads(cfg.read_text())).vocab_size
+
+
+def discover(directory: Path = CASES_DIR) -> list[Path]:
+    return sorted(Path(directory).glob("*.toml"))

@@ -1,0 +1,82 @@
+"""`ddcheck gate`, the CI gate before a deploy, and `ddcheck cases`."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from harness.cli import app
+from harness.cli.common import USAGE_ERRORS, fail_usage
+from harness.runner.settings import UsageError
+
+
+@app.command()
+def cases(directory: Path = typer.Option(Path("cases"), help="where the case files live")) -> None:
+    """List the case files, one line each (a malformed one is an error, exit 2)."""
+    from harness.cases import discover, load_case
+    paths = discover(directory)
+    if not paths:
+        fail_usage(UsageError(f"no case files (*.toml) in {directory}"))
+    try:
+        loaded = [load_case(p) for p in paths]
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    for c in loaded:
+        typer.echo(c.one_line())
+
+
+@app.command()
+def gate(
+    case_files: Optional[List[Path]] = typer.Argument(None, metavar="[CASE]...", help="case files (default cases/gate.toml)"),
+    fault: Optional[str] = typer.Option(None, help="switch a fault on over every matrix setting where it can show"),
+    jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
+    junit: Optional[Path] = typer.Option(None, help="write JUnit XML (one testcase per setting and expected fault)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write a JSON summary"),
+    out: Path = typer.Option(Path("reports/gate.jsonl"), help="the records of every setting"),
+    html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
+) -> None:
+    """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
+    from harness.cases import DEFAULT_CASE, load_case
+    from harness.cli.sweep_cmd import first_usage_error, print_frame, run_with_progress
+    from harness.gate import json_summary, judge, junit_xml, plan
+    from harness.sweep import default_jobs, validate, write_jsonl
+    t0 = time.perf_counter()
+    try:
+        if jobs < 0:
+            raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        if fault is not None:
+            from harness.faults import FAULTS
+            import harness.faults.catalog  # noqa: F401  (registers)
+            if fault not in FAULTS:
+                raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
+        loaded = [load_case(p) for p in (case_files or [DEFAULT_CASE])]
+        job_list = plan(loaded, fault)
+        validate(job_list)
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    results = run_with_progress(job_list, jobs or default_jobs(), "gate")
+    err = first_usage_error(results)
+    if err:
+        fail_usage(UsageError(err))
+    wall = time.perf_counter() - t0
+    verdicts = judge(loaded, job_list, results)
+    write_jsonl(results, out)
+    for path, text in ((junit, junit_xml(verdicts, wall) if junit else ""),
+                       (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    print_frame(job_list, results)
+    failed = [v for v in verdicts if not v.passed]
+    for v in failed:
+        typer.echo(f"FAIL {v.case} / {v.name}: {v.message}\n     reproduce: {v.setting}")
+    if html:
+        from harness.report.html import write_report
+        write_report([out], html)
+    n_faults = sum(v.kind == "fault" for v in verdicts)
+    typer.echo(f"gate: {'PASS' if not failed else 'FAIL'}: {len(verdicts) - n_faults} settings, {n_faults} "
+               f"expected faults, {len(failed)} failing, in {wall:.1f} s on {jobs or default_jobs()} jobs; "
+               f"records {out}")
+    raise typer.Exit(1 if failed else 0)

@@ -1,0 +1,225 @@
+"""`write_report`: records in, one self-contained HTML file out (inline CSS,
+script and SVG; a Content-Security-Policy that forbids any network fetch).
+
+The page: a coloured grid of the setting matrix, each cell linking to its
+details; for a failing setting, the first divergence and its explanation,
+the expected and effective masks, the draft tree, per-node error, the layer
+curve, both token streams and the reproduce command. It renders records only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.report import assets
+from harness.report.model import SettingView, describe_first, group
+from harness.report.svg import esc, heatmap, layer_chart, node_error_chart, tree
+
+GRID_COLS = ("budget", "topk")
+GRID_ROWS = ("backend", "dtype", "batch", "cuda_graph", "fault", "accept", "model", "seed", "max_new_tokens",
+             "block_size", "device")
+EMPTY_CELL = '<span class="empty">-</span>'
+FULL_DETAIL_LIMIT = 4  # below this many settings, passing ones get every chart too
+
+
+def write_report(record_paths: list[Path], out: Path) -> None:
+    """Render the records of one or more JSONL files into `out`."""
+    views = group([Path(p) for p in record_paths])
+    html = render(views, [str(p) for p in record_paths])
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html, encoding="utf-8")
+
+
+def render(views: list[SettingView], sources: list[str]) -> str:
+    failing = [v for v in views if v.status == "diverge"]
+    full = len(views) <= FULL_DETAIL_LIMIT
+    head = (f"{len(views)} setting{'s' * (len(views) != 1)}: "
+            f"{sum(v.status in ('pass', 'near-tie') for v in views)} pass, {len(failing)} diverge, "
+            f"{sum(v.status == 'incomplete' for v in views)} incomplete")
+    body = [f'<header><h1>ddcheck report</h1><p class="verdict {"bad" if failing else "good"}">{esc(head)}</p>'
+            f'<p class="sources">records: {esc(", ".join(sources))}</p></header>',
+            '<section id="grid-section"><h2>Setting matrix</h2>', grid(views), assets.LEGEND, "</section>",
+            '<section id="details"><h2>Settings</h2>']
+    body += [details(v, full or v.status != "pass") for v in views]
+    body.append("</section>")
+    return assets.page("ddcheck report", "".join(body))
+
+
+# ---------------------------------------------------------------- grid
+
+def _fmt(key: str, value) -> str:
+    if key == "cuda_graph":
+        return "graph" if value else "eager"
+    if key in ("batch",):
+        return f"bs {value}"
+    if key == "fault":
+        return f"fault {value}" if value else "no fault"
+    return f"{key} {value}" if key in ("seed", "max_new_tokens", "block_size") else str(value)
+
+
+def grid(views: list[SettingView]) -> str:
+    """Rows: the non-(budget, topk) settings that vary; columns: (budget, topk)."""
+    varying = [k for k in GRID_ROWS if len({repr(v.settings.get(k)) for v in views}) > 1]
+    row_keys = varying or ["backend"]
+
+    def col(v): return tuple(v.settings.get(k) for k in GRID_COLS)
+    def row(v): return tuple(v.settings.get(k) for k in row_keys)
+
+    cols = sorted({col(v) for v in views}, key=lambda c: tuple((x is None, x) for x in c))
+    rows = sorted({row(v) for v in views}, key=lambda r: tuple((x is None, str(x)) for x in r))
+    cells: dict[tuple, list[SettingView]] = {}
+    for v in views:
+        cells.setdefault((row(v), col(v)), []).append(v)
+    out = ['<table class="grid" id="grid"><thead><tr><th>', esc(" / ".join(row_keys)), " \\ budget, topk</th>"]
+    out += [f"<th>B {esc(b)}<br>K {esc(k)}</th>" for b, k in cols]
+    out.append("</tr></thead><tbody>")
+    for r in rows:
+        label = ", ".join(_fmt(k, x) for k, x in zip(row_keys, r))
+        out.append(f'<tr><th class="row-label">{esc(label)}</th>')
+        for c in cols:
+            vs = cells.get((r, c), [])
+            links = "".join(f'<a class="cell st-{v.status}" href="#{v.key}" data-status="{v.status}" '
+                            f'title="{esc(v.status + ": " + v.setting)}">{esc(_cell_text(v))}</a>' for v in vs)
+            out.append(f"<td>{links or EMPTY_CELL}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _cell_text(v: SettingView) -> str:
+    m = v.summary or {}
+    if v.status == "incomplete":
+        return "?"
+    if v.status == "diverge":
+        return f"{m.get('divergent_nodes', 0)}/{m.get('nodes_checked', 0)}"
+    return f"{m.get('nodes_checked', 0)}"
+
+
+# ---------------------------------------------------------------- one setting
+
+def details(v: SettingView, full: bool) -> str:
+    m = v.summary or {}
+    out = [f'<section class="setting st-{v.status}" id="{v.key}"><h3><span class="badge st-{v.status}">'
+           f'{esc(v.status.upper())}</span> {esc(_title(v))} <a class="back" href="#grid">grid</a></h3>',
+           f'<div class="cmd-row"><pre class="cmd">{esc(v.setting)}</pre>'
+           f'<button class="copy" type="button">copy</button></div>', _facts(v)]
+    if v.localize:
+        out.append(_localize(v))
+    if full:
+        out.append(_tree_block(v))
+        if v.nodes:
+            out.append(f'<div class="figure">{node_error_chart(v.nodes, v.tolerance)}</div>')
+        if v.localize and v.localize.get("layer_bisect"):
+            out.append(f'<div class="figure">{layer_chart(v.localize["layer_bisect"])}</div>')
+        out.append(_accepts(v.accepts))
+        out.append(_streams(v.streams))
+    elif m:
+        out.append('<p class="muted">passing setting: counts only (the full charts are drawn for failing '
+                   'settings and for reports of at most four settings)</p>')
+    out.append("</section>")
+    return "".join(out)
+
+
+def _title(v: SettingView) -> str:
+    s = v.settings
+    if not s:
+        return v.setting or "(no setting)"
+    graph = "graph" if s.get("cuda_graph") else "eager"
+    fault = f", fault {s['fault']}" if s.get("fault") else ""
+    return (f"budget {s.get('budget')}, topk {s.get('topk')}, {graph}, {s.get('backend')}, "
+            f"batch {s.get('batch')}, {s.get('dtype')}{fault}")
+
+
+def _facts(v: SettingView) -> str:
+    m = v.summary
+    if m is None:
+        return '<p class="bad">no summary record: the run did not finish</p>'
+    err = m.get("max_rel_err")
+    rows = [("first divergence", describe_first(m)), ("nodes checked", m.get("nodes_checked")),
+            ("divergent nodes", m.get("divergent_nodes")), ("near ties", m.get("near_ties")),
+            ("padding rows seen", m.get("padding_rows")), ("stream mismatches", m.get("stream_mismatches")),
+            ("acceptance mismatches", m.get("accept_mismatches")),
+            ("max rel. error", f"{err:.2e}" if isinstance(err, (int, float)) else err),
+            ("tolerance", f"{v.tolerance:.0e}" if v.tolerance else "n/a"), ("records", v.source)]
+    rows += [("note", n) for n in m.get("notes") or []]
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(x)}</td></tr>" for k, x in rows if x is not None)
+    return f'<table class="facts">{body}</table>'
+
+
+def _localize(v: SettingView) -> str:
+    loc = v.localize
+    out = ['<div class="localize"><h4>Localization</h4>',
+           f'<p class="explanation"><span class="badge fc">{esc(loc.get("fault_class", "?"))}</span> '
+           f'{esc(loc.get("explanation", ""))}</p>']
+    probe = loc.get("mask_probe")
+    if probe and probe.get("expected") and probe.get("effective"):
+        leaked = {tuple(x) for x in probe.get("leaked") or []}
+        blocked = {tuple(x) for x in probe.get("blocked") or []}
+        roles = probe.get("key_roles") or []
+        out.append(f'<p>mask of step {esc(loc.get("step"))}, request {esc(loc.get("request"))}: '
+                   f'{len(leaked)} leaked cells (x), {len(blocked)} wrongly blocked (outlined); '
+                   f'prefix length {esc(probe.get("prefix_len"))}'
+                   f'{"; the backend ignores: " + esc(", ".join(probe["ignored_regions"])) if probe.get("ignored_regions") else ""}'
+                   '</p><div class="figure heatmaps">')
+        out.append(heatmap("expected (tree ancestors)", probe["expected"], roles, leaked, blocked, "expected"))
+        out.append(heatmap("effective (what the backend applied)", probe["effective"], roles, leaked, blocked,
+                           "effective"))
+        out.append("</div>")
+        if leaked:
+            out.append(f'<p class="leak-list">leaked: {esc(_pairs(leaked, roles))}</p>')
+        if blocked:
+            out.append(f'<p class="leak-list">wrongly blocked: {esc(_pairs(blocked, roles))}</p>')
+    audit = loc.get("kv_audit") or {}
+    if audit.get("violations") or audit.get("first_bad_position") is not None:
+        items = "".join(f"<li>{esc(x)}</li>" for x in audit.get("violations") or [])
+        out.append(f'<h4>KV audit</h4><p>first bad position: {esc(audit.get("first_bad_position"))}, '
+                   f'first bad layer: {esc(audit.get("first_bad_layer"))}</p><ul>{items}</ul>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _pairs(cells: set, roles: list[str], limit: int = 24) -> str:
+    items = [f"row {r} -> key {c} ({roles[c] if c < len(roles) else '?'})" for r, c in sorted(cells)]
+    return "; ".join(items[:limit]) + (f"; ... {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _tree_block(v: SettingView) -> str:
+    f = (v.summary or {}).get("first") or {}
+    if f.get("what") == "node" and f.get("step", -1) >= 0:
+        step, req = f["step"], f["request"]
+    elif v.localize and v.localize.get("step") is not None and v.localize["step"] >= 0:
+        step, req = v.localize["step"], v.localize.get("request", 0)
+    else:
+        step, req = (0, 0)
+    nodes = [n for n in v.nodes if n.get("step") == step and n.get("request") == req]
+    if not nodes:
+        return ""
+    return (f'<h4>Draft tree, step {esc(step)}, request {esc(req)}</h4><p class="muted">green: accepted path; '
+            f'red: divergent; grey boxes: padding rows (not in the tree)</p><div class="figure">{tree(nodes)}</div>')
+
+
+def _accepts(accepts: list[dict]) -> str:
+    if not accepts:
+        return ""
+    rows = "".join(f"<tr><td>{esc(a.get('step'))}</td><td>{esc(a.get('request'))}</td>"
+                   f"<td>{esc(a.get('walk_rows'))} / {esc(a.get('walk_bonus'))}</td>"
+                   f"<td>{esc(a.get('sglang_rows'))} / {esc(a.get('sglang_bonus'))}</td></tr>" for a in accepts)
+    return ('<h4>Acceptance disagreements</h4><table class="facts"><tr><th>step</th><th>request</th>'
+            f'<th>walk rows / bonus</th><th>SGLang rows / bonus</th></tr>{rows}</table>')
+
+
+def _streams(streams: list[dict]) -> str:
+    if not streams:
+        return ""
+    out = ["<h4>Token streams</h4>"]
+    for s in sorted(streams, key=lambda s: s.get("request", 0)):
+        first = s.get("first_mismatch")
+        out.append(f'<div class="stream-pair" data-verdict="{esc(s.get("verdict"))}"><p>request '
+                   f'{esc(s.get("request"))} ({esc(s.get("prompt"))}): {esc(s.get("verdict"))}'
+                   f'{"" if first is None else f", first differing token at index {esc(first)}"}</p>')
+        for who, toks in (("engine", s.get("engine_tokens") or []), ("reference", s.get("reference_tokens") or [])):
+            spans = "".join(f'<span class="t{" diff" if i == first else " after" if first is not None and i > first else ""}"'
+                            f' title="index {i}">{esc(t)}</span>' for i, t in enumerate(toks))
+            out.append(f'<div class="stream"><span class="who">{who}</span><span class="toks">{spans}</span></div>')
+        out.append("</div>")
+    return "".join(out)

@@ -1,0 +1,107 @@
+"""Records grouped per setting, as the report reads them. Nothing here
+recomputes a metric: every number shown comes from a record (docs/RECORDS.md).
+No torch import anywhere under harness/report."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.compare.tolerance import REL_TOL
+
+
+class ReportInputError(ValueError):
+    """An unreadable records file: a usage error."""
+
+
+@dataclass
+class SettingView:
+    key: str                       # anchor id
+    setting: str                   # the reproduce command
+    source: str                    # the JSONL it came from
+    summary: dict | None = None
+    nodes: list[dict] = field(default_factory=list)
+    streams: list[dict] = field(default_factory=list)
+    accepts: list[dict] = field(default_factory=list)
+    localize: dict | None = None
+
+    @property
+    def settings(self) -> dict:
+        return (self.summary or {}).get("settings") or {}
+
+    @property
+    def status(self) -> str:
+        """pass | near-tie | diverge | incomplete"""
+        if self.summary is None:
+            return "incomplete"
+        if not self.summary.get("passed"):
+            return "diverge"
+        return "near-tie" if self.summary.get("near_ties") else "pass"
+
+    @property
+    def tolerance(self) -> float | None:
+        """The record's tolerance when it carries one, else the dtype's documented one."""
+        bisect = (self.localize or {}).get("layer_bisect") or {}
+        if bisect.get("tolerance") is not None:
+            return float(bisect["tolerance"])
+        if (self.summary or {}).get("tolerance") is not None:
+            return float(self.summary["tolerance"])
+        return REL_TOL.get(self.settings.get("dtype", ""))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ReportInputError(f"{path}: cannot read ({e.strerror})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportInputError(f"{path}: line {n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or "kind" not in rec:
+            raise ReportInputError(f"{path}: line {n}: not a ddcheck record (no 'kind')")
+        out.append(rec)
+    return out
+
+
+def group(paths: list[Path]) -> list[SettingView]:
+    """Settings in the order they first appear, one view per (file, setting)."""
+    views: dict[tuple[str, str], SettingView] = {}
+    for path in paths:
+        for rec in read_jsonl(path):
+            k = (str(path), str(rec.get("setting", "")))
+            if k not in views:
+                views[k] = SettingView(f"s{len(views)}", k[1], k[0])
+            v = views[k]
+            kind = rec["kind"]
+            if kind == "node":
+                v.nodes.append(rec)
+            elif kind == "stream":
+                v.streams.append(rec)
+            elif kind == "accept":
+                v.accepts.append(rec)
+            elif kind == "localize" and v.localize is None:
+                v.localize = rec
+            elif kind == "summary":
+                v.summary = rec
+    return list(views.values())
+
+
+def describe_first(summary: dict) -> str:
+    """One line for a summary record's first divergence."""
+    if summary.get("error"):
+        return f"crash: {summary['error']}"
+    f = summary.get("first")
+    if not f:
+        return "none" if summary.get("passed", True) else "see records"
+    if f.get("what") == "stream":
+        return f"request {f['request']}: emitted stream differs at token {f['node']}"
+    err = f.get("rel_err")
+    err_s = f", rel. error {err:.2e}" if isinstance(err, (int, float)) else ""
+    pad = "present" if f.get("padding_present") else "absent"
+    return (f"step {f['step']}, request {f['request']}, node {f['node']} (depth {f.get('depth')})"
+            f"{err_s}, padding rows {pad}")

@@ -1,0 +1,167 @@
+"""Many settings, each one independent `check`, spread over a process pool.
+
+Workers are spawned (not forked) so that each starts clean; on a machine
+without CUDA the parent sets TRITON_INTERPRET=1 before spawning, so every
+worker imports triton (SGLang's kernels, the acceptance cross-check) under
+the interpreter. Each worker returns its setting's JSONL lines; the parent
+writes them all to one file, in setting order, once every setting is done.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+from harness.records import RecordWriter
+from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings
+
+
+@dataclass(frozen=True)
+class SettingJob:
+    index: int
+    settings: RunSettings
+    prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS
+    case: str = "sweep"
+    label: str = ""                  # the matrix table or expected fault it came from
+    expect_fault: str | None = None  # set when the gate expects this run to be caught
+
+    @property
+    def short(self) -> str:
+        s = self.settings
+        fault = f" +{s.fault}" if s.fault else ""
+        return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
+                f"{s.dtype}{fault}")
+
+    @property
+    def cost(self) -> int:
+        """Rough relative cost, to start the slow settings first."""
+        slow_backend = 4 if self.settings.backend != "torch" else 1
+        return self.settings.batch * (self.settings.budget + 1) * slow_backend
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    index: int
+    setting: str            # the reproduce command
+    summary: dict           # the summary record
+    localize: dict | None   # the localize record, when the check wrote one
+    lines: tuple[str, ...]  # every JSONL line of the setting
+    wall_s: float
+    usage_error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.usage_error is None and bool(self.summary.get("passed"))
+
+
+def run_job(job: SettingJob) -> SettingResult:
+    """One setting, in this process. Usage errors come back as data; an
+    exception inside the engine is a failing setting (a crash is a finding)."""
+    from harness.check import check, prepare
+    from harness.cli.common import USAGE_ERRORS
+    t0 = time.perf_counter()
+    s = job.settings
+    writer = RecordWriter(None)
+    try:
+        prepared = prepare(s, job.prompts)
+    except USAGE_ERRORS as e:
+        return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
+    try:
+        check(prepared, writer)
+    except Exception as e:  # noqa: BLE001  (the engine under test crashed)
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        writer.lines = [ln for ln in writer.lines if json.loads(ln)["kind"] != "summary"]
+        writer.write({"kind": "summary", "setting": s.command(), "passed": False, "settings": s.to_dict(),
+                      "first": None, "notes": [], "error": last})
+    records = [json.loads(ln) for ln in writer.lines]
+    summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
+    localize = next((r for r in records if r["kind"] == "localize"), None)
+    return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
+
+
+def _worker_init() -> None:
+    import torch
+    torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
+
+
+def prepare_environment() -> None:
+    """TRITON_INTERPRET must be in the environment before any process imports
+    triton; spawned workers inherit it."""
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def validate(jobs: list[SettingJob]) -> None:
+    """Fail fast, before any setting runs: every backend builds here and every
+    model is known (raises the usage errors of harness.cli.common)."""
+    from harness.attn import make_backend
+    from harness.cases import model_vocab
+    prepare_environment()
+    for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
+        make_backend(backend, device, RunSettings(dtype=dtype).torch_dtype)
+    for model in {j.settings.model for j in jobs}:
+        model_vocab(model)
+
+
+def default_jobs() -> int:
+    return os.cpu_count() or 1
+
+
+def run_jobs(jobs: list[SettingJob], n_jobs: int,
+             on_done: Callable[[SettingJob, SettingResult], None] | None = None) -> list[SettingResult]:
+    """Run every job (in a spawned process pool when n_jobs > 1); results in job order."""
+    prepare_environment()
+    by_index = {j.index: j for j in jobs}
+    results: dict[int, SettingResult] = {}
+
+    def done(r: SettingResult) -> None:
+        results[r.index] = r
+        if on_done:
+            on_done(by_index[r.index], r)
+
+    ordered = sorted(jobs, key=lambda j: -j.cost)
+    if n_jobs <= 1 or len(jobs) <= 1:
+        for job in ordered:
+            done(run_job(job))
+    else:
+        with ProcessPoolExecutor(min(n_jobs, len(jobs)), mp_context=get_context("spawn"),
+                                 initializer=_worker_init) as pool:
+            pending = {pool.submit(run_job, j) for j in ordered}
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    done(f.result())
+    return [results[j.index] for j in jobs]
+
+
+def write_jsonl(results: list[SettingResult], path: Path) -> None:
+    """One JSONL for the whole sweep, settings in order (each line carries `setting`)."""
+    writer = RecordWriter(path)
+    for r in results:
+        writer.lines.extend(r.lines)
+    writer.commit()
+
+
+def summary_frame(jobs: list[SettingJob], results: list[SettingResult]):
+    """One row per setting: axes, nodes checked, divergent nodes, first divergence."""
+    import pandas as pd
+    from harness.report.model import describe_first
+    rows = []
+    for j, r in zip(jobs, results):
+        s, m = j.settings, r.summary
+        rows.append({"#": j.index, "case": j.case, "budget": s.budget, "topk": s.topk,
+                     "graph": "on" if s.cuda_graph else "off", "backend": s.backend, "batch": s.batch,
+                     "dtype": s.dtype, "fault": s.fault or "", "nodes": m.get("nodes_checked", 0),
+                     "divergent": m.get("divergent_nodes", 0), "near_ties": m.get("near_ties", 0),
+                     "max_rel_err": m.get("max_rel_err", float("nan")),
+                     "first_divergence": r.usage_error or describe_first(m),
+                     "verdict": "error" if r.usage_error else ("pass" if r.passed else "DIVERGE"),
+                     "seconds": round(r.wall_s, 1)})
+    return pd.DataFrame(rows)
