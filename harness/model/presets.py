@@ -35,11 +35,9 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name in weight_names(cfg):
         if name.endswith("norm.weight") or "layernorm" in name:
-            t = 1.0 + 0.1 * torch.randn(cfg.head_dim if "_norm" in name and "self_attn" in name
-                                        else cfg.hidden_size, generator=gen)
+            t = 1.0 + 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         elif name.endswith(".bias"):
-            rows = cfg.num_heads * cfg.head_dim if ".q_proj" in name else cfg.num_kv_heads * cfg.head_dim
-            t = 0.1 * torch.randn(rows, generator=gen)
+            t = 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         else:
             shape = _shape(cfg, name)
             t = torch.randn(shape, generator=gen) * (1.0 / shape[1] ** 0.5)
@@ -49,6 +47,15 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
                 t = t * 4.0
         out[name] = t.float()
     return out
+
+
+def weight_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
+    """The shape a checkpoint of `cfg` holds under `name` (Hugging Face layout)."""
+    if name.endswith("norm.weight") or "layernorm" in name:
+        return (cfg.head_dim,) if "_norm" in name and "self_attn" in name else (cfg.hidden_size,)
+    if name.endswith(".bias"):
+        return (cfg.num_heads * cfg.head_dim if ".q_proj" in name else cfg.num_kv_heads * cfg.head_dim,)
+    return _shape(cfg, name)
 
 
 def _shape(cfg: ModelConfig, name: str) -> tuple[int, int]:
@@ -63,6 +70,10 @@ def _shape(cfg: ModelConfig, name: str) -> tuple[int, int]:
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
+    """Raises ModelLoadError for an unsupported architecture or impossible
+    values, KeyError for a missing field."""
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f"config.json holds a {type(hf).__name__}, not an object")
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
@@ -71,7 +82,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     flags = dict(SUPPORTED_ARCHS[arch])
     if arch == "LlamaForCausalLM" and hf.get("attention_bias"):
         flags["qkv_bias"] = True
-    return ModelConfig(
+    fields = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
@@ -79,6 +90,10 @@ def config_from_hf(hf: dict) -> ModelConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position=hf.get("max_position_embeddings", 4096), **flags)
+    try:
+        return ModelConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"config.json describes no valid model: {e}") from None
 
 
 def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -93,15 +108,28 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ModelLoadError(f"--model {path}: no *.safetensors files")
     try:
         cfg = config_from_hf(json.loads(cfg_file.read_text()))
-    except (KeyError, json.JSONDecodeError) as e:
+    except KeyError as e:
+        raise ModelLoadError(f"--model {path}: config.json lacks {e}") from None
+    except ModelLoadError as e:
+        raise ModelLoadError(f"--model {path}: {e}") from None
+    except ValueError as e:  # not JSON, not UTF-8
         raise ModelLoadError(f"--model {path}: bad config.json ({e})") from None
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
     weights: dict[str, torch.Tensor] = {}
     for f in files:
-        weights.update(load_file(str(f)))
+        try:
+            weights.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"--model {path}: cannot read {f.name} ({e})") from None
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise ModelLoadError(f"--model {path}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+    wrong = [n for n in weight_names(cfg) if tuple(weights[n].shape) != weight_shape(cfg, n)]
+    if wrong:
+        n = wrong[0]
+        raise ModelLoadError(f"--model {path}: {n} has shape {list(weights[n].shape)}, config.json implies "
+                             f"{list(weight_shape(cfg, n))} (and {len(wrong) - 1} more mismatches)")
     return cfg, {n: weights[n].float() for n in weight_names(cfg)}
 
 
