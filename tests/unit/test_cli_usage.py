@@ -115,3 +115,12 @@ def test_console_script_usage_error_has_no_traceback(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == ["ddcheck: error: --budget must be >= 1, got 0"]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [["--topk", "0"], ["--model", "no-such-preset"], ["--fault", "no-such-fault"]])
+def test_usage_error_writes_no_default_report(cli, tmp_path, monkeypatch, flags):
+    """Without --out, a usage error creates no reports/ file either."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["run", "--backend", "torch"] + flags)
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert list(tmp_path.iterdir()) == []
