@@ -53,6 +53,10 @@ def _clean(v):
         return None
     if isinstance(v, float) and v in (float("inf"), float("-inf")):
         return "inf" if v > 0 else "-inf"
+    if isinstance(v, dict):  # nested records (a summary's `first`, a localize record's probes)
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
     return v
 
 

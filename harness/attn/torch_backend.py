@@ -38,7 +38,10 @@ def _request_mask(meta: AttnMetadata, b: int, prefix: int, n: int) -> torch.Tens
         return allowed
     start = int(meta.mask_indptr[b])
     stride = prefix + n  # n = q_len, from qo_indptr
-    return meta.custom_mask[start:start + n * stride].view(n, stride).bool()
+    # pointer arithmetic, as the kernel does: a mask declared shorter than
+    # mask_indptr says is read past its end (into the rest of its storage)
+    flat = meta.custom_mask
+    return torch.as_strided(flat, (n, stride), (stride, 1), flat.storage_offset() + start).bool()
 
 
 def _attend(q, keys, vals, allowed) -> torch.Tensor:

@@ -80,6 +80,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     else:
         t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
                   f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
+    if summary.explanation:
+        t.add_row("localized", f"[bold]{summary.fault_class}[/]: {summary.explanation}")
     for note in summary.notes:
         t.add_row("note", note)
     t.add_row("verdict", "[green]PASS[/]" if summary.passed else "[red]DIVERGE[/]")

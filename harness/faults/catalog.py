@@ -1,14 +1,29 @@
-"""The fault catalog (DOMAIN.md section 4)."""
+"""The fault catalog (DOMAIN.md section 4). Each fault swaps one pipeline
+stage or flips one graph option; none of them is special-cased elsewhere."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import torch
 
-from harness.faults.registry import Fault, has_padding, register
-from harness.spec.mask import request_mask_block
+from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
+                                     reads_prefix_mask, register, two_steps)
+from harness.spec.accept import Acceptance, greedy_walk
+from harness.spec.mask import request_mask_block, tree_visibility
 from harness.spec.tree import DraftTree
+from harness.spec.verify_inputs import VerifyBatch, build_verify_batch
 
+
+def _flat(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    sizes = torch.tensor([0] + [b.numel() for b in blocks], dtype=torch.int64)
+    return torch.cat([b.reshape(-1) for b in blocks]), torch.cumsum(sizes, 0)
+
+
+def _graph(**switches):
+    return lambda p: replace(p, graph=replace(p.graph, **switches))
+
+
+# -- mask stage ---------------------------------------------------------------------
 
 def _mask_padding_visible(trees: list[DraftTree], prefix_lens: list[int]):
     """Real rows also see every padding row's column (the seed's bug)."""
@@ -16,16 +31,160 @@ def _mask_padding_visible(trees: list[DraftTree], prefix_lens: list[int]):
     for t, p in zip(trees, prefix_lens):
         block = request_mask_block(t, p)
         block[:t.num_rows, p + t.num_rows:] = True
-        blocks.append(block.reshape(-1))
-    sizes = torch.tensor([0] + [b.numel() for b in blocks])
-    return torch.cat(blocks), torch.cumsum(sizes, 0)
+        blocks.append(block)
+    return _flat(blocks)
 
 
-register(Fault(
-    name="padded-kv-visible",
-    breaks="padding columns left visible to real rows: real nodes attend to padded KV slots",
-    shows_when="padding rows (actual < budget, e.g. --budget 16 --topk 1)",
-    expected_class="padding-leak",
-    apply=lambda p: replace(p, build_mask=_mask_padding_visible),
-    can_show=has_padding,
-))
+def _mask_row_stride(trees: list[DraftTree], prefix_lens: list[int]):
+    """Rows written at stride prefix + real rows (the padding columns dropped)
+    into a block the kernel reads at stride prefix + q_len."""
+    blocks = []
+    for t, p in zip(trees, prefix_lens):
+        good = request_mask_block(t, p)                     # [q_len, p+q_len]
+        width = p + t.num_rows
+        flat = torch.zeros(good.numel(), dtype=torch.bool)
+        flat[:t.q_len * width] = good[:, :width].reshape(-1)
+        blocks.append(flat)
+    return _flat(blocks)
+
+
+def _mask_rectangle(trees: list[DraftTree], prefix_lens: list[int]):
+    """One padded rectangle [bs, q_len, max_prefix + q_len]: each request's
+    prefix left-aligned, its draft part at max_prefix (SGLang PR 27509)."""
+    n, maxp, bs = trees[0].q_len, max(prefix_lens), len(trees)
+    rect = torch.zeros((bs, n, maxp + n), dtype=torch.bool)
+    for b, (t, p) in enumerate(zip(trees, prefix_lens)):
+        rect[b, :, :p] = True
+        rect[b, :, maxp:] = tree_visibility(t)
+    return rect.reshape(-1), torch.arange(bs + 1, dtype=torch.int64) * n * (maxp + n)
+
+
+def _mask_padding_rows_empty(trees: list[DraftTree], prefix_lens: list[int]):
+    """Padding rows see nothing at all, not even their own diagonal."""
+    blocks = []
+    for t, p in zip(trees, prefix_lens):
+        block = request_mask_block(t, p)
+        block[t.num_rows:] = False
+        blocks.append(block)
+    return _flat(blocks)
+
+
+# -- verify-inputs stage ------------------------------------------------------------
+
+def _inputs_then(edit):
+    """A verify-inputs stage: SGLang's layout, then `edit(vb, trees)` on copies."""
+    def stage(trees, seq_lens, req_pool_indices, req_to_token, out_cache_loc, mask_builder):
+        vb = build_verify_batch(trees, seq_lens, req_pool_indices, req_to_token, out_cache_loc, mask_builder)
+        vb = replace(vb, input_ids=vb.input_ids.clone(), positions=vb.positions.clone(),
+                     attn=replace(vb.attn, out_cache_loc=vb.attn.out_cache_loc.clone(),
+                                  custom_mask=vb.attn.custom_mask.clone()))
+        edit(vb, trees)
+        return vb
+    return stage
+
+
+def _relabel_reversed(vb: VerifyBatch, trees: list[DraftTree]) -> None:
+    """Draft rows renumbered in reverse (children before parents) in the
+    tokens, positions and mask, while the engine reads logits, accepts and
+    commits in the tree's numbering."""
+    n = vb.q_len
+    for b, (t, p) in enumerate(zip(trees, vb.seq_lens.tolist())):
+        order = torch.tensor([0] + list(range(t.num_rows - 1, 0, -1)) + list(range(t.num_rows, n)))
+        rows = slice(b * n, (b + 1) * n)
+        vb.input_ids[rows] = vb.input_ids[rows][order]
+        vb.positions[rows] = vb.positions[rows][order]
+        start = int(vb.attn.mask_indptr[b])
+        block = vb.attn.custom_mask[start:start + n * (p + n)].view(n, p + n)  # [q_len, p+q_len]
+        cols = torch.cat([torch.arange(p), p + order])
+        block.copy_(block[order][:, cols])
+
+
+def _positions_from_index(vb: VerifyBatch, trees: list[DraftTree]) -> None:
+    """positions = prefix + row index instead of prefix + depth."""
+    n = vb.q_len
+    for b, (t, p) in enumerate(zip(trees, vb.seq_lens.tolist())):
+        vb.positions[b * n:b * n + t.num_rows] = p + torch.arange(t.num_rows)
+
+
+def _padding_slots_alias(vb: VerifyBatch, trees: list[DraftTree]) -> None:
+    """Padding rows write their K/V into draft rows' slots (1, 2, ... cyclically)."""
+    n, loc = vb.q_len, vb.attn.out_cache_loc
+    for b, t in enumerate(trees):
+        for j in range(t.num_rows, n):
+            loc[b * n + j] = loc[b * n + 1 + (j - t.num_rows) % (t.num_rows - 1)]
+
+
+# -- accept and commit stages -------------------------------------------------------
+
+def _bonus_from_root(tree: DraftTree, predicts: list[int]) -> Acceptance:
+    """The walk is right, but the bonus is the root's argmax, not the last accepted row's."""
+    return Acceptance(greedy_walk(tree, predicts).rows, predicts[0])
+
+
+def _commit_contiguous(req_to_token, allocator, req_pool_idx, seq_len, row_slots, acceptance) -> int:
+    """req_to_token gets the first n rows' slots (out_cache_loc[:n]) instead of
+    the accepted rows' slots: right only when the accept is rows 0..n-1."""
+    n = acceptance.num_committed
+    req_to_token.req_to_token[req_pool_idx, seq_len:seq_len + n] = row_slots[:n].to(req_to_token.req_to_token.device)
+    allocator.free(row_slots[n:].cpu())
+    return seq_len + n
+
+
+# -- the catalog ----------------------------------------------------------------------
+
+def _stage(**stages):
+    return lambda p: replace(p, **stages)
+
+
+NEED_GRAPH = lambda s, v: s.cuda_graph  # noqa: E731
+NEED_TWO_NODES = lambda s, v: num_nodes(s, v) >= 2  # noqa: E731
+NEED_WALK = lambda s, v: s.accept == "walk"  # noqa: E731
+NEED_BATCH = lambda s, v: s.batch >= 2  # noqa: E731
+
+CATALOG = (
+    Fault("padded-kv-visible", "padding columns left visible to real rows: real nodes attend to padded KV slots",
+          "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "padding-leak",
+          _stage(build_mask=_mask_padding_visible), has_padding),
+    Fault("mask-row-stride", "mask rows laid out at stride prefix + real rows instead of the kernel's prefix + q_len",
+          "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "mask-shift",
+          _stage(build_mask=_mask_row_stride), has_padding),
+    Fault("padded-rectangle-mask", "batch mask built as one [bs, q_len, max_prefix + q_len] rectangle, "
+          "not per-request blocks", "--batch >= 2 (prompts of different lengths)", "batch-mask-layout",
+          _stage(build_mask=_mask_rectangle), NEED_BATCH),
+    Fault("short-graph-mask", "graph mask buffer declared with the live batch's length; batch-padding "
+          "requests read past its end", "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4), "
+          "a backend that reads the prefix columns (--backend torch)", "mask-out-of-bounds",
+          _graph(mask_buffer_for_bucket=False), all_of(NEED_GRAPH, batch_padded, reads_prefix_mask)),
+    Fault("graph-captured-causal", "graph captured without the custom mask: replay runs causal, the tree is ignored",
+          "--cuda-graph, --topk >= 2, --budget >= --block-size (a branching tree)", "graph-causal-mask",
+          _graph(capture_custom_mask=False), all_of(NEED_GRAPH, has_branch)),
+    Fault("stale-graph-mask", "graph replays without refilling the mask buffer: the capture's mask is reused",
+          "--cuda-graph, --max-new-tokens > --block-size + 1 (a second replay)", "stale-graph-mask",
+          _graph(refill_mask=False), all_of(NEED_GRAPH, two_steps)),
+    Fault("stale-kv-indices", "graph replays without refilling kv_indices: prefixes read the capture's slots",
+          "--cuda-graph, --max-new-tokens > --block-size + 1 (a second replay)", "stale-kv-indices",
+          _graph(refill_kv_indices=False), all_of(NEED_GRAPH, two_steps)),
+    Fault("no-kv-compaction", "after a scattered accept req_to_token gets out_cache_loc[:n], not the accepted rows' slots",
+          "--topk >= 2, --budget >= --block-size, --max-new-tokens > --block-size + 1", "kv-not-compacted",
+          _stage(commit=_commit_contiguous), all_of(has_branch, two_steps)),
+    Fault("padded-row-fully-masked", "padding rows see no key at all: 0/0 softmax, NaN in their output",
+          "padding rows and a backend that reads the prefix columns (--backend torch); "
+          "SGLang's kernel always sees the prefix", "fully-masked-row",
+          _stage(build_mask=_mask_padding_rows_empty), all_of(has_padding, reads_prefix_mask)),
+    Fault("child-before-parent", "draft rows renumbered in reverse (children before parents) in the inputs and mask",
+          "at least 2 draft nodes", "node-order",
+          _stage(build_verify_batch=_inputs_then(_relabel_reversed)), NEED_TWO_NODES),
+    Fault("position-from-index", "positions = prefix + row index instead of prefix + depth",
+          "--topk >= 2, --budget >= --block-size (a node whose index differs from its depth)", "wrong-position",
+          _stage(build_verify_batch=_inputs_then(_positions_from_index)), has_branch),
+    Fault("padding-slot-alias", "padding rows' out_cache_loc aliases draft rows' slots: their write clobbers "
+          "a node's K/V", "padding rows, at least 2 draft nodes, --max-new-tokens > --block-size + 1 "
+          "(shows after commit)", "slot-alias",
+          _stage(build_verify_batch=_inputs_then(_padding_slots_alias)), all_of(has_padding, NEED_TWO_NODES, two_steps)),
+    Fault("bonus-from-wrong-node", "bonus token taken from the root's argmax instead of the last accepted row's",
+          "--accept walk, --max-new-tokens > --block-size + 1 (shows in the stream)", "wrong-bonus",
+          _stage(accept=_bonus_from_root), all_of(NEED_WALK, two_steps)),
+)
+
+for _fault in CATALOG:
+    register(_fault)

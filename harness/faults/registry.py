@@ -20,22 +20,71 @@ class Fault:
     apply: Callable[[Pipeline], Pipeline]
     can_show: Callable[[RunSettings, int], bool]   # (settings, vocab) -> bool
 
+    def __post_init__(self) -> None:
+        if not (self.name and self.breaks and self.shows_when and self.expected_class):
+            raise ValueError("a fault needs a name, a `breaks` line, a `shows_when` line and a class")
+
 
 FAULTS: dict[str, Fault] = {}
 
 
 def register(fault: Fault) -> Fault:
+    if fault.name in FAULTS:
+        raise ValueError(f"fault {fault.name!r} registered twice")
     FAULTS[fault.name] = fault
     return fault
 
 
+# -- conditions a fault may need (each a (settings, vocab) -> bool) ----------------
+
+def num_nodes(s: RunSettings, vocab: int) -> int:
+    """actual: draft nodes per tree (the tree is full: the drafter never runs dry)."""
+    return expected_num_nodes(s.budget, s.topk, s.block_size - 1, vocab)
+
+
 def has_padding(s: RunSettings, vocab: int) -> bool:
     """Some verify row is padding: actual < budget (q_len = budget + 1)."""
-    return expected_num_nodes(s.budget, s.topk, s.block_size - 1, vocab) < s.budget
+    return num_nodes(s, vocab) < s.budget
+
+
+def has_branch(s: RunSettings, vocab: int) -> bool:
+    """Every tree has a node off the first chain (so row index != depth and
+    causal != ancestor visibility): topk >= 2 and budget > depth cap L."""
+    return min(s.topk, vocab) >= 2 and s.budget > s.block_size - 1
+
+
+def two_steps(s: RunSettings, vocab: int) -> bool:
+    """A second verify round always runs: one round emits at most block_size tokens."""
+    return s.max_new_tokens > s.block_size + 1
+
+
+def batch_padded(s: RunSettings, vocab: int) -> bool:
+    """The first batch runs in a larger graph bucket (buckets are powers of two)."""
+    return s.batch & (s.batch - 1) != 0
+
+
+def reads_prefix_mask(s: RunSettings, vocab: int) -> bool:
+    """The backend reads the mask's prefix columns (SGLang's kernel, under
+    skip_prefix_custom_mask, always sees the prefix, so no row is empty there)."""
+    from harness.attn import make_backend
+    from harness.attn.base import BackendUnavailable
+    try:
+        return "prefix" in make_backend(s.backend, "cpu", s.torch_dtype).mask_regions
+    except BackendUnavailable:
+        return False
+
+
+def all_of(*conds: Callable[[RunSettings, int], bool]) -> Callable[[RunSettings, int], bool]:
+    return lambda s, vocab: all(c(s, vocab) for c in conds)
 
 
 def _load_catalog() -> None:
     from harness.faults import catalog  # noqa: F401  (registers)
+
+
+def catalog() -> dict[str, Fault]:
+    _load_catalog()
+    return FAULTS
 
 
 def why_cannot_show(name: str, s: RunSettings, vocab: int) -> str | None:

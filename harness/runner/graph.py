@@ -24,15 +24,31 @@ class GraphOptions:
     capture_custom_mask: bool = True    # False: captured causal, the tree is ignored at replay
     refill_mask: bool = True
     refill_kv_indices: bool = True
-    mask_buffer_for_bucket: bool = True  # False: mask sized for the live batch only
+    mask_buffer_for_bucket: bool = True  # False: the kernel is handed a mask declared with the live
+                                         # batch's length, shorter than mask_indptr[-1] under batch
+                                         # padding (SGLang issue 6309); it reads past the end
 
 
 def capture_buckets(max_bs: int) -> list[int]:
-    buckets, b = [], 1
-    while b < max_bs:
-        buckets.append(b)
-        b *= 2
-    return buckets + [max_bs] if max_bs not in buckets else buckets
+    """Powers of two up to the first >= max_bs (batch 3 runs in bucket 4, as
+    SGLang's capture list pads it)."""
+    buckets = [1]
+    while buckets[-1] < max_bs:
+        buckets.append(buckets[-1] * 2)
+    return buckets
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What the last replay ran: the live batch and the bucket's static
+    metadata as the kernel read it (for localization)."""
+
+    bucket: int
+    live: VerifyBatch
+    meta: AttnMetadata             # the static buffers (valid until the next replay)
+    input_ids: torch.Tensor        # [bucket*q_len] static
+    positions: torch.Tensor        # [bucket*q_len] static
+    logits: torch.Tensor           # [bucket*q_len, vocab] every row, batch-padding dummies too
 
 
 @dataclass
@@ -42,7 +58,7 @@ class _Static:
     out_cache_loc: torch.Tensor  # [bucket*q_len]
     kv_indptr: torch.Tensor     # [bucket+1]
     kv_indices: torch.Tensor    # [bucket*max_context]
-    custom_mask: torch.Tensor   # uint8 [bucket*q_len*(max_context+q_len)]
+    custom_mask: torch.Tensor   # uint8 [bucket*q_len*(max_context+q_len)] (declared length may be shorter)
     mask_indptr: torch.Tensor   # [bucket+1]
     meta: AttnMetadata
     logits: torch.Tensor | None = None
@@ -58,18 +74,20 @@ class GraphRunner:
         self.buckets = capture_buckets(max_bs)
         self._graphs: dict[int, _Static] = {}
         self.num_captures = 0
+        self.last: Replay | None = None
 
     def _capture(self, bucket: int) -> _Static:
         n, dev = self.q_len, self.device
         t = bucket * n
         i64 = dict(dtype=torch.int64, device=dev)
-        mask_bs = bucket if self.options.mask_buffer_for_bucket else 1
         st = _Static(
             input_ids=torch.zeros(t, **i64), positions=torch.zeros(t, **i64),
             out_cache_loc=torch.full((t,), PADDING_SLOT, **i64),
             kv_indptr=torch.arange(bucket + 1, **i64), kv_indices=torch.zeros(bucket * self.max_context, **i64),
-            custom_mask=torch.ones(mask_bs * n * (self.max_context + n), dtype=torch.uint8, device=dev),
+            custom_mask=torch.ones(bucket * n * (self.max_context + n), dtype=torch.uint8, device=dev),
             mask_indptr=torch.arange(bucket + 1, **i64) * n * (1 + n), meta=None)  # type: ignore[arg-type]
+        if not self.options.mask_buffer_for_bucket:
+            st.custom_mask.zero_()  # the memory past a short declared mask: never written
         st.meta = AttnMetadata(
             qo_indptr=torch.arange(0, (bucket + 1) * n, n, **i64), kv_indptr=st.kv_indptr,
             kv_indices=st.kv_indices, out_cache_loc=st.out_cache_loc,
@@ -95,7 +113,8 @@ class GraphRunner:
         logits  # [bs*q_len, vocab] from the static output."""
         bs, n = vb.seq_lens.numel(), self.q_len
         bucket = next(b for b in self.buckets if b >= bs)
-        if bucket not in self._graphs:
+        fresh = bucket not in self._graphs  # the capture fills every buffer; replays refill per option
+        if fresh:
             self._graphs[bucket] = self._capture(bucket)
         st = self._graphs[bucket]
         t = bs * n
@@ -108,16 +127,26 @@ class GraphRunner:
         dummies = bucket - bs
         seq_lens = torch.cat([vb.seq_lens.cpu(), torch.ones(dummies, dtype=torch.int64)])
         st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
-        if self.options.refill_kv_indices:
+        if self.options.refill_kv_indices or fresh:
             live = vb.attn.kv_indices.numel()
             st.kv_indices[:live] = vb.attn.kv_indices
             st.kv_indices[live:live + dummies] = self.req_to_token[0, 0]
         mask_sizes = n * (seq_lens + n)
         st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), mask_sizes]), 0))
-        if self.options.refill_mask:
+        if not self.options.mask_buffer_for_bucket:
+            _declare(st.custom_mask, vb.attn.custom_mask.numel())
+        if self.options.refill_mask or fresh:
             live = vb.attn.custom_mask.numel()
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
             st.custom_mask[:live] = vb.attn.custom_mask.to(torch.uint8)
             st.custom_mask[live:end] = 1  # dummy requests see everything: no empty rows
         st.replay()
+        self.last = Replay(bucket, vb, st.meta, st.input_ids, st.positions, st.logits)
         return st.logits[:t].clone()
+
+
+def _declare(t: torch.Tensor, n: int) -> None:
+    """Re-declare `t` as its storage's first n elements, in place (same
+    pointer, so a captured graph still reads it): a kernel indexing past n
+    reads whatever the storage holds there, as a GPU's out-of-bounds read does."""
+    t.set_(t.untyped_storage(), 0, (n,), (1,))

@@ -1,0 +1,88 @@
+"""`ddcheck faults`: the fault catalog; `--check` runs the self-test."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.cli import app
+from harness.cli.common import USAGE_ERRORS, fail_usage
+
+
+def _flags(s) -> str:
+    parts = [f"--budget {s.budget}", f"--topk {s.topk}", f"--batch {s.batch}", f"--backend {s.backend}",
+             f"--seed {s.seed}", f"--max-new-tokens {s.max_new_tokens}"]
+    return " ".join((["--cuda-graph"] if s.cuda_graph else []) + parts)
+
+
+@app.command()
+def faults(
+    check: bool = typer.Option(False, "--check", help="run every fault where it can show, and the fault-free matrix"),
+    seeds: int = typer.Option(5, help="seeds of the fault-free matrix (--check)"),
+    fault_seeds: int = typer.Option(1, help="seeds each fault runs under (--check)"),
+    quick: bool = typer.Option(False, help="short runs (--max-new-tokens 10) and a smaller fault-free matrix"),
+    backend: str = typer.Option("torch", help="backend of the self-check (faults that need another get theirs)"),
+    only: Optional[list[str]] = typer.Option(None, "--fault", help="check only these faults (repeatable)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the --check table as JSON"),
+) -> None:
+    """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
+    from harness.faults.registry import catalog
+    cat = catalog()
+    if not check:
+        t = Table(title="fault catalog (ddcheck run --fault NAME)")
+        for col in ("fault", "shows when", "breaks", "class"):
+            t.add_column(col, overflow="fold")
+        for f in cat.values():
+            t.add_row(f.name, f.shows_when, f.breaks, f.expected_class)
+        Console().print(t)
+        return
+    if seeds < 1 or fault_seeds < 1:
+        fail_usage(ValueError("--seeds and --fault-seeds must be >= 1"))
+    unknown = [n for n in only or [] if n not in cat]
+    if unknown:
+        fail_usage(ValueError(f"unknown fault {unknown[0]!r}; `ddcheck faults` lists them"))
+    from harness.faults.selftest import self_check
+    console = Console(stderr=True)
+    rows = []
+    try:
+        for row in self_check(backend, seeds, quick, fault_seeds, only):
+            rows.append(row)
+            console.print(f"{row.fault or 'fault-free'} seed {row.settings.seed}: "
+                          f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)")
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    _print_table(rows)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps([_row_dict(r) for r in rows], indent=1))
+    raise typer.Exit(0 if all(r.ok for r in rows) else 1)
+
+
+def _row_dict(r) -> dict:
+    return {"fault": r.fault, "settings": _flags(r.settings), "detected": r.detected, "fault_class": r.fault_class,
+            "expected_class": r.expected_class, "ok": r.ok, "seconds": round(r.seconds, 2)}
+
+
+def _print_table(rows) -> None:
+    t = Table(title="ddcheck faults --check")
+    for col in ("fault", "detected", "named correctly", "settings", "time"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        if r.fault is None:
+            continue
+        named = f"[green]yes[/] ({r.fault_class})" if r.named else f"[red]no[/] ({r.fault_class} != {r.expected_class})"
+        t.add_row(r.fault, "[green]yes[/]" if r.detected else "[red]MISSED[/]", named, _flags(r.settings),
+                  f"{r.seconds:.1f}s")
+    clean = [r for r in rows if r.fault is None]
+    alarms = [r for r in clean if r.detected]
+    seeds = sorted({r.settings.seed for r in clean})
+    t.add_row("fault-free matrix", f"[red]{len(alarms)} false alarms[/]" if alarms else "[green]0 false alarms[/]",
+              f"{len(clean)} runs", f"seeds {seeds[0]}..{seeds[-1]}" if seeds else "", 
+              f"{sum(r.seconds for r in clean):.1f}s")
+    for r in alarms:
+        t.add_row("  false alarm", _flags(r.settings), r.fault_class or "", "", f"{r.seconds:.1f}s")
+    Console().print(t)

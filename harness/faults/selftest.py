@@ -1,0 +1,87 @@
+"""`ddcheck faults --check`: every fault under settings where it can show
+must be detected and named (localizer class == the fault's expected class),
+and the fault-free matrix must pass over several seeds (no false alarm)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+from harness.faults.registry import catalog, why_cannot_show
+from harness.records import RecordWriter
+from harness.runner.settings import RunSettings
+
+# The settings each fault is checked under (on top of the base settings).
+SHOW_SETTINGS: dict[str, dict] = {
+    "padded-kv-visible": {},
+    "mask-row-stride": {},
+    "padded-rectangle-mask": {"batch": 2},
+    "short-graph-mask": {"cuda_graph": True, "batch": 3, "backend": "torch"},
+    "graph-captured-causal": {"cuda_graph": True, "topk": 2},
+    "stale-graph-mask": {"cuda_graph": True},
+    "stale-kv-indices": {"cuda_graph": True},
+    "no-kv-compaction": {"topk": 2},
+    "padded-row-fully-masked": {"backend": "torch"},
+    "child-before-parent": {},
+    "position-from-index": {"topk": 2},
+    "padding-slot-alias": {},
+    "bonus-from-wrong-node": {"max_new_tokens": 24},  # the tiny model's first tokens repeat one token
+}
+
+# The fault-free matrix, run once per seed.
+CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2})
+CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3})
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    fault: str | None          # None: a fault-free run
+    settings: RunSettings
+    detected: bool             # the run diverged
+    fault_class: str | None    # the localizer's class
+    expected_class: str | None
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        if self.fault is None:
+            return not self.detected
+        return self.detected and self.fault_class == self.expected_class
+
+    @property
+    def named(self) -> bool:
+        return self.fault_class == self.expected_class
+
+
+def base_settings(backend: str, quick: bool) -> RunSettings:
+    return RunSettings(backend=backend, max_new_tokens=10 if quick else 24)
+
+
+def fault_settings(name: str, base: RunSettings, seed: int = 0) -> RunSettings:
+    return replace(base, seed=seed, fault=name, **SHOW_SETTINGS[name])
+
+
+def run_one(s: RunSettings, expected_class: str | None) -> CheckRow:
+    from harness.check import check, prepare
+    t0 = time.perf_counter()
+    summary = check(prepare(s), RecordWriter(None))
+    return CheckRow(s.fault, s, not summary.passed, summary.fault_class, expected_class, time.perf_counter() - t0)
+
+
+def self_check(backend: str = "torch", seeds: int = 5, quick: bool = False, fault_seeds: int = 1,
+               faults: list[str] | None = None, on_row: Callable[[CheckRow], None] | None = None) -> Iterator[CheckRow]:
+    """Yields one row per run: each fault (x fault_seeds), then the clean matrix x seeds."""
+    from harness.model.presets import load_model
+    base = base_settings(backend, quick)
+    cat = catalog()
+    for name in faults or list(cat):
+        for seed in range(fault_seeds):
+            s = fault_settings(name, base, seed)
+            vocab = load_model(s.model, s.seed)[0].vocab_size
+            reason = why_cannot_show(name, s, vocab)
+            if reason:
+                raise ValueError(f"self-check settings for {name}: {reason}")
+            yield run_one(s, cat[name].expected_class)
+    for seed in range(seeds):
+        for extra in (CLEAN_QUICK if quick else CLEAN_MATRIX):
+            yield run_one(replace(base, seed=seed, **extra), None)

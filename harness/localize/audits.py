@@ -1,0 +1,111 @@
+"""White-box audits the localizer runs next to the mask probe: the graph's
+static buffers against the live batch, the verify inputs against the tree,
+and the acceptance against a fresh greedy walk."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from harness.spec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str   # e.g. captured-causal, mask-out-of-bounds, stale-mask, stale-kv-indices, permuted, positions
+    text: str
+
+
+def audit_replay(replay) -> list[Finding]:
+    """The bucket's static metadata (what the replay read) against the live
+    batch it was refilled from (harness.runner.graph.Replay)."""
+    live, meta = replay.live.attn, replay.meta
+    out = []
+    if live.custom_mask is not None and meta.custom_mask is None:
+        out.append(Finding("captured-causal", f"the bucket-{replay.bucket} graph was captured with no custom mask, "
+                                              "so its replay runs causal attention and ignores the tree"))
+        return out
+    need, have = int(meta.mask_indptr[-1]), meta.custom_mask.numel()
+    if need > have:
+        bs = replay.live.seq_lens.numel()
+        out.append(Finding("mask-out-of-bounds",
+                           f"the mask buffer handed to the kernel holds {have} elements but mask_indptr ends at "
+                           f"{need}: bucket {replay.bucket} pads {bs} requests, and the batch-padding requests' "
+                           f"mask (elements {have}..{need - 1}) is read past its end"))
+    n_idx = live.kv_indices.numel()
+    bad = (meta.kv_indices[:n_idx].cpu() != live.kv_indices.cpu()).nonzero().flatten().tolist()
+    if bad:
+        out.append(Finding("stale-kv-indices", f"static kv_indices differ from the live batch's at {len(bad)} of "
+                                               f"{n_idx} entries (first at {bad[0]}): the replay read stale slots"))
+    n_mask = min(live.custom_mask.numel(), meta.custom_mask.numel())
+    got = meta.custom_mask[:n_mask].cpu().bool()
+    bad = (got != live.custom_mask[:n_mask].cpu().bool()).nonzero().flatten().tolist()
+    if bad:
+        out.append(Finding("stale-mask", f"the static mask buffer differs from the live batch's mask at {len(bad)} "
+                                         f"of {n_mask} elements (first at {bad[0]}): the replay read a stale mask"))
+    return out
+
+
+def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
+    """Per request index b: real rows' (token, position) against (tree token,
+    prefix + depth). Padding rows are not judged (ports differ on them)."""
+    out, n = {}, vb.q_len
+    ids, pos = vb.input_ids.cpu().tolist(), vb.positions.cpu().tolist()
+    for b, (t, p) in enumerate(zip(trees, vb.seq_lens.tolist())):
+        want = [(t.tokens[i], p + t.depths[i]) for i in range(t.num_rows)]
+        got = list(zip(ids[b * n:b * n + t.num_rows], pos[b * n:b * n + t.num_rows]))
+        if got == want:
+            continue
+        wrong = [i for i in range(t.num_rows) if got[i] != want[i]]
+        if sorted(got) == sorted(want):
+            out[b] = Finding("permuted", f"rows {_ranges(wrong)} carry other nodes' (token, position): "
+                                         "the rows are renumbered")
+        elif [g[0] for g in got] == [w[0] for w in want]:
+            rows = ", ".join(f"{i} (depth {t.depths[i]}) at {got[i][1]} not {want[i][1]}" for i in wrong[:4])
+            out[b] = Finding("positions", f"positions are not prefix + depth: rows {rows}")
+        else:
+            out[b] = Finding("tokens", f"input_ids differ from the tree's tokens at rows {_ranges(wrong)}")
+    return out
+
+
+def greedy_accept(tree: DraftTree, predicts: list[int]) -> tuple[list[int], int]:
+    """The reference walk: follow the child whose token is the current row's argmax."""
+    cur, rows = 0, [0]
+    while True:
+        nxt = [c for c in range(1, tree.num_rows) if tree.parents[c] == cur and tree.tokens[c] == predicts[cur]]
+        if not nxt:
+            return rows, predicts[cur]
+        cur = nxt[0]
+        rows.append(cur)
+
+
+def audit_acceptance(rs) -> Finding | None:
+    predicts = rs.logits.argmax(-1).tolist()
+    rows, bonus = greedy_accept(rs.tree, predicts)
+    acc = rs.acceptance
+    if list(acc.rows) != rows:
+        return Finding("accept-rows", f"step {rs.step}, request {rs.rid}: accepted rows {list(acc.rows)}, "
+                                      f"the greedy walk accepts {rows}")
+    if acc.bonus != bonus:
+        src = [r for r in range(rs.tree.num_rows) if predicts[r] == acc.bonus]
+        where = f"the argmax of row {src[0]}" if src else "no row's argmax"
+        return Finding("wrong-bonus", f"step {rs.step}, request {rs.rid}: bonus token {acc.bonus} is {where}, "
+                                      f"not of the last accepted row {rows[-1]} (token {bonus})")
+    return None
+
+
+def _ranges(xs: list[int]) -> str:
+    if not xs:
+        return ""
+    out, start, prev = [], xs[0], xs[0]
+    for x in xs[1:] + [None]:
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ", ".join(out)
+
+
+ranges = _ranges

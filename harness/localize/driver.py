@@ -1,0 +1,98 @@
+"""Re-run the engine deterministically up to the divergent round (same
+settings, same seeds, same fault), auditing every round, then probe the
+divergent batch and bisect the divergent node's layers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.compare.tolerance import rel_tolerance
+from harness.localize.audits import audit_acceptance, audit_inputs, audit_replay
+from harness.localize.explain import Evidence, classify, explanation
+from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
+from harness.localize.layer_bisect import bisect, capture_hidden
+from harness.localize.mask_probe import diff_request, dummy_request, probe_visibility
+
+
+@dataclass(frozen=True)
+class Localization:
+    step: int
+    request: int
+    node: int
+    depth: int | None
+    fault_class: str
+    explanation: str
+    mask_probe: dict | None
+    kv_audit: dict | None
+    layer_bisect: dict | None
+    graph_audit: list[str]
+    kind: str = "localize"
+
+
+def localize(p, first) -> Localization:
+    """p: the run's Prepared (its engine already ran; a fresh one is built);
+    first: the run's FirstDivergence."""
+    from harness.check import prepare
+    fresh = prepare(p.settings, tuple(p.prompts))
+    engine, oracle, tol = fresh.engine, p.oracle, rel_tolerance(p.settings.dtype)
+    kv = KVAudit()
+    ev = Evidence(where=_where(first), what=first.what, node=first.node if first.what != "stream" else None, kv=kv)
+    for result in engine.rounds():
+        replay = engine.graph.last if engine.graph is not None else None
+        kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
+        audit_invariants(engine, result, kernel_kv, kv)
+        audit_cache(engine, result, oracle, tol, kv)
+        for rs in result.requests:
+            ev.accept = ev.accept or audit_acceptance(rs)
+        if first.what != "stream" and result.step == first.step:
+            _at_divergence(engine, result, replay, first, oracle, tol, ev)
+            break
+    cls, cause = classify(ev)
+    d = ev.probe()
+    return Localization(first.step, first.request, first.node, first.depth, cls, explanation(ev, cause),
+                        d.to_record() if d is not None else None, kv.to_record(),
+                        ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph])
+
+
+def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> None:
+    vb = result.batch
+    trees = [rs.tree for rs in result.requests]
+    rids = [rs.rid for rs in result.requests]
+    b = rids.index(first.request) if first.what != "batch-padding" else first.request
+    ev.request_index = b
+    if replay is not None:
+        ev.graph = audit_replay(replay)
+    meta = replay.meta if replay is not None else vb.attn
+    cfg = engine.cfg
+    vis = probe_visibility(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                           engine.s.torch_dtype, engine.s.device)
+    loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
+    kv_idx = meta.kv_indices.cpu().tolist()
+    for i, tree in enumerate(trees):
+        if vis[i].effective.shape[0] != tree.q_len:
+            continue
+        slots = kv_idx[kvp[i]:kvp[i + 1]] + loc[qo[i]:qo[i + 1]]
+        ev.probes.append(diff_request(i, vis[i], tree, slots, engine.backend.mask_regions))
+    if first.what == "batch-padding":
+        ev.probes.append(dummy_request(b, vis[b], kv_idx[kvp[b]:kvp[b + 1]] + loc[qo[b]:qo[b + 1]]))
+        ev.num_rows = vis[b].effective.shape[0]
+    else:
+        ev.num_rows = trees[b].num_rows
+        ev.inputs = audit_inputs(vb, trees).get(b)
+    hidden = capture_hidden(engine, result)
+    row = qo[b] + first.node
+    ref = None
+    if first.what == "node":
+        rs = result.requests[b]
+        path = [rs.tree.tokens[a] for a in rs.tree.ancestors(first.node)]
+        ref = oracle.path_hidden(list(rs.prefix) + path)
+    ev.bisect = bisect(hidden, row, ref, tol)
+
+
+def _where(first) -> str:
+    if first.what == "stream":
+        return f"request {first.request}, emitted token {first.node}"
+    if first.what == "batch-padding":
+        return f"step {first.step}, graph batch-padding request {first.request}, row {first.node}"
+    if first.what == "padding":
+        return f"step {first.step}, request {first.request}, padding row {first.node}"
+    return f"step {first.step}, request {first.request}, node {first.node} (depth {first.depth})"
