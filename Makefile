@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # so that no CUDA build of torch is pulled).
 SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
 
-.PHONY: setup demo test gate clean
+.PHONY: setup demo test gate clean browser
 
 setup: $(VENV)/.ddcheck-setup
 
@@ -22,7 +22,11 @@ $(VENV)/.ddcheck-setup: pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph
 
-test: setup
+# Debian's chromium for the report's browser test (CI runs as root in a fresh clone)
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
+
+test: setup browser
 	$(PY) -m pytest -q
 
 gate: setup

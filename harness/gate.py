@@ -51,7 +51,7 @@ def judge(cases: list[Case], jobs: list[SettingJob], results: list[SettingResult
         s = job.settings
         name = f"{job.label}: {_short(job)}"
         first = describe_first(r.summary)
-        explanation = (r.localize or {}).get("explanation")
+        explanation = (r.localize or {}).get("explanation") or r.summary.get("explanation")
         if job.expect_fault is None:
             ceiling = tolerances[job.case].get(s.dtype)
             err = r.summary.get("max_rel_err") or 0.0
@@ -63,7 +63,7 @@ def judge(cases: list[Case], jobs: list[SettingJob], results: list[SettingResult
             out.append(Verdict(job.case, "setting", name, r.setting, passed, msg, r.wall_s))
             continue
         fault = FAULTS[job.expect_fault]
-        named = (r.localize or {}).get("fault_class")
+        named = (r.localize or {}).get("fault_class") or r.summary.get("fault_class")
         if r.passed:
             passed, msg = False, f"expected fault {fault.name} not caught: every node matched ({fault.breaks})"
         elif named is not None and named != fault.expected_class:

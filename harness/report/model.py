@@ -72,8 +72,11 @@ def group(paths: list[Path]) -> list[SettingView]:
     """Settings in the order they first appear, one view per (file, setting)."""
     views: dict[tuple[str, str], SettingView] = {}
     for path in paths:
+        last = ""
         for rec in read_jsonl(path):
-            k = (str(path), str(rec.get("setting", "")))
+            # a record without `setting` belongs to the run whose records precede it
+            last = str(rec.get("setting") or last)
+            k = (str(path), last)
             if k not in views:
                 views[k] = SettingView(f"s{len(views)}", k[1], k[0])
             v = views[k]

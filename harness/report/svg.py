@@ -177,7 +177,7 @@ def node_error_chart(nodes: list[dict], tol: float | None) -> str:
 def layer_chart(bisect: dict) -> str:
     errs = bisect.get("rel_err_per_layer") or []
     first = bisect.get("first_bad_layer")
-    entry = None if first is None else int(first) + 1   # entry 0 is the embedding, entry i+1 layer i
+    entry = None if first is None else int(first)  # an entry index: 0 the embedding, i after layer i-1
     points = [(_num(e), "bad" if entry is not None and i >= entry else "ok",
                f"{'embedding' if i == 0 else f'after layer {i - 1}'}: rel. error "
                f"{'n/a' if _num(e) is None else f'{_num(e):.2e}'}") for i, e in enumerate(errs)]

@@ -1,0 +1,104 @@
+"""Case files: the default gate's scenario, `ddcheck cases`, and malformed
+files as one-line errors naming the file and the key (exit 2)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cases import DEFAULT_CASE, CaseError, load_case
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD = """
+name = "t"
+model = "tiny"
+max_new_tokens = 4
+[[prompts]]
+name = "code"
+length = 6
+accuracy = 0.9
+[[matrix]]
+budget = [8, 16]
+topk = 1
+[[faults]]
+name = "padded-kv-visible"
+budget = 16
+"""
+
+
+def test_default_gate_holds_the_seed_scenario_and_the_general_matrix():
+    case = load_case(ROOT / DEFAULT_CASE)
+    settings = case.settings()
+    seed = [s for s in settings if (s.budget, s.topk, s.batch) == (16, 1, 2) and s.backend == "torch"]
+    assert {s.cuda_graph for s in seed} == {True, False}
+    assert [p.name for p in case.prompts[:2]] == ["code", "poem"]
+    assert case.prompts[0].accuracy > case.prompts[1].accuracy
+    general = {(s.budget, s.topk, s.cuda_graph, s.batch) for s in settings if s.backend == "torch"}
+    assert {(b, k, g, n) for b in (4, 8, 16, 32) for k in (1, 2, 4) for g in (True, False) for n in (1, 4)} <= general
+    assert any(s.backend == "sglang-triton" for s in settings)
+    assert "padded-kv-visible" in {f.name for f in case.faults}
+    assert all(s.fault is None for s in settings)
+
+
+def test_good_case_expands_its_matrix(tmp_path):
+    case = load_case(_write(tmp_path, GOOD))
+    assert [(s.budget, s.topk, s.max_new_tokens) for s in case.settings()] == [(8, 1, 4), (16, 1, 4)]
+    assert case.faults[0].under.settings(case.base)[0].fault == "padded-kv-visible"
+
+
+MALFORMED = [
+    ("budget = [8, 16]", 'budget = ["x"]', "matrix[0].budget", "positive integers"),
+    ("topk = 1", "topk = 0", "matrix[0].topk", "positive integers"),
+    ("budget = [8, 16]", "budget = [8, 16]\nwidth = 3", "matrix[0].width", "unknown key"),
+    ("accuracy = 0.9", "accuracy = 1.5", "prompts[0].accuracy", "[0, 1]"),
+    ("length = 6", "length = 6\ntokens = [1, 2]", "prompts[0].length", "exactly one of"),
+    ('name = "padded-kv-visible"', 'name = "no-such-fault"', "faults[0].name", "registered fault"),
+    ('model = "tiny"', 'model = "tiny"\nbogus = 1', "bogus", "unknown key"),
+    ("max_new_tokens = 4", "max_new_tokens = 0", "max_new_tokens", "integer >= 1"),
+    ("topk = 1", 'topk = 1\ndtype = "float8"', "matrix[0].dtype", "dtypes among"),
+    ("[[prompts]]", "[tolerances]\nfloat32 = 0.5\n[[prompts]]", "tolerances.float32", "(the default)"),
+    ("budget = 16\n", "budget = 4\ntopk = 4\n", "faults[0].name", "settings where it can show"),
+]
+
+
+@pytest.mark.parametrize("old,new,key,expected", MALFORMED)
+def test_malformed_case_names_file_and_key(tmp_path, old, new, key, expected):
+    assert old in GOOD
+    path = _write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(CaseError) as err:
+        load_case(path)
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: key '{key}': expected") and expected in msg and "\n" not in msg
+
+
+def test_invalid_toml_names_the_file(tmp_path):
+    path = _write(tmp_path, "name = \n")
+    with pytest.raises(CaseError, match=rf"^{path}: not valid TOML"):
+        load_case(path)
+
+
+def test_cases_command_lists_one_line_each_and_rejects_a_bad_file(tmp_path):
+    _write(tmp_path, GOOD)
+    ok = _ddcheck("cases", "--directory", str(tmp_path))
+    assert ok.returncode == 0 and ok.stdout.count("\n") == 1 and "1 settings" not in ok.stdout
+    assert ok.stdout.startswith("t ") and "2 settings" in ok.stdout and "padded-kv-visible" in ok.stdout
+    (tmp_path / "bad.toml").write_text(GOOD.replace("topk = 1", "topk = 'one'"))
+    bad = _ddcheck("cases", "--directory", str(tmp_path))
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "bad.toml: key 'matrix[0].topk'" in bad.stderr
+
+
+def test_default_cases_directory_lists_gate():
+    out = _ddcheck("cases")
+    assert out.returncode == 0 and out.stdout.startswith("gate ")
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "case.toml"
+    path.write_text(text)
+    return path
+
+
+def _ddcheck(*args):
+    return subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)

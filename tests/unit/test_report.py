@@ -1,0 +1,76 @@
+"""The HTML report from hand-made records (docs/RECORDS.md): grid cells link
+to details, the heatmaps mark leaked cells, text is escaped, nothing is
+fetched, and harness/report never imports torch."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.report.html import write_report
+from report_fixtures import SETTING, failing_records, mask_probe, summary, write
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _render(tmp_path, records) -> str:
+    out = tmp_path / "r.html"
+    write_report([write(tmp_path / "r.jsonl", records)], out)
+    return out.read_text()
+
+
+def test_grid_cells_link_to_their_details(tmp_path):
+    html = _render(tmp_path, failing_records() + [summary("ddcheck run --budget 4", True, budget=4, fault=None)])
+    links = re.findall(r'<a class="cell st-(\w[\w-]*)" href="#(s\d+)"', html)
+    assert sorted(links) == [("diverge", "s0"), ("pass", "s1")]
+    for _, anchor in links:
+        assert f'<section class="setting' in html and f'id="{anchor}"' in html
+
+
+def test_failing_setting_shows_masks_tree_charts_streams_and_command(tmp_path):
+    html = _render(tmp_path, failing_records())
+    probe = mask_probe()
+    effective = html.split('data-which="effective"')[1].split("</svg>")[0]
+    assert effective.count("hm-cell on leaked") == len(probe["leaked"]) == 20
+    assert html.count('data-which="expected"') == 1
+    assert "padding-leak" in html and "which are padding rows" in html
+    assert html.count('<g class="node') == 5 and html.count('<g class="pad') == 4
+    assert html.count("edge acc") == 1
+    assert 'class="tol-line"' in html and "tolerance 1e-04" in html
+    assert 'svg class="chart layers"' in html and "pt bad highlight" in html
+    assert '<span class="t diff" title="index 3">99</span>' in html
+    assert '<span class="t diff" title="index 3">8</span>' in html
+    assert f'<pre class="cmd">{SETTING}</pre>' in html
+
+
+def test_without_a_localize_record_the_grid_and_node_chart_still_render(tmp_path):
+    html = _render(tmp_path, failing_records(with_localize=False))
+    assert 'class="cell st-diverge"' in html and 'svg class="chart node-errors"' in html
+    assert "svg class=\"heatmap\"" not in html
+
+
+def test_text_is_escaped(tmp_path):
+    evil = '<script>alert("x")</script>'
+    html = _render(tmp_path, failing_records(setting=f"ddcheck run {evil}", explanation=evil))
+    assert evil not in html and "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in html
+
+
+def test_report_is_self_contained(tmp_path):
+    html = _render(tmp_path, failing_records())
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "@import" not in html
+    assert "default-src 'none'" in html
+    assert not re.search(r"<(link|img|iframe)\b", html)
+
+
+def test_report_package_does_not_import_torch():
+    code = "import sys, harness.report.html, harness.report.svg, harness.report.model; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_report_cli_bad_input_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "node"}\nnot json\n')
+    out = tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "report", str(bad), "-o", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "bad.jsonl: line 2: not JSON" in r.stderr and not out.exists()
