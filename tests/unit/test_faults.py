@@ -1,0 +1,144 @@
+"""The fault catalog: every class of DOMAIN.md section 4 is there, each with
+its lines, each refuses settings where it cannot show (exit 2 in the CLI),
+and each broken stage breaks what its line says."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from harness.faults import apply_fault
+from harness.faults.registry import catalog, why_cannot_show
+from harness.faults import catalog as cat_mod
+from harness.runner.settings import RunSettings, UsageError
+from harness.spec.mask import flat_custom_mask, request_mask_block
+from harness.spec.tree import DraftTree
+
+NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short-graph-mask",
+         "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
+         "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
+         "bonus-from-wrong-node"}
+VOCAB = 128
+CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
+BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
+
+
+def test_catalog_has_every_class_with_distinct_names_and_lines():
+    cat = catalog()
+    assert NAMES <= set(cat)
+    assert len({f.expected_class for f in cat.values()}) == len(cat)  # the localizer can tell each apart
+    for f in cat.values():
+        assert f.breaks and f.shows_when and "\n" not in f.breaks + f.shows_when
+
+
+@pytest.mark.parametrize("name,bad,good", [
+    ("stale-graph-mask", {}, {"cuda_graph": True}),
+    ("stale-kv-indices", {"cuda_graph": True, "max_new_tokens": 9}, {"cuda_graph": True, "max_new_tokens": 10}),
+    ("graph-captured-causal", {"cuda_graph": True, "topk": 1}, {"cuda_graph": True, "topk": 2}),
+    ("short-graph-mask", {"cuda_graph": True, "batch": 4, "backend": "torch"},
+     {"cuda_graph": True, "batch": 3, "backend": "torch"}),
+    ("padded-rectangle-mask", {"batch": 1}, {"batch": 2}),
+    ("padded-kv-visible", {"budget": 7}, {"budget": 8}),          # topk 1, L 7: 7 nodes fill budget 7
+    ("position-from-index", {"topk": 2, "budget": 7}, {"topk": 2, "budget": 8}),
+    ("no-kv-compaction", {"topk": 1}, {"topk": 2}),
+    ("padded-row-fully-masked", {"budget": 7, "backend": "torch"}, {"backend": "torch"}),
+    ("bonus-from-wrong-node", {"accept": "sglang"}, {"accept": "walk"}),
+])
+def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
+    base = RunSettings(backend="torch")
+    assert why_cannot_show(name, replace(base, **bad), VOCAB) is not None
+    assert why_cannot_show(name, replace(base, **good), VOCAB) is None
+
+
+def test_fully_masked_rows_cannot_show_on_a_kernel_that_always_sees_the_prefix():
+    pytest.importorskip("sglang")
+    from harness.attn.sglang_triton import available
+    if not available():
+        pytest.skip("SGLang's kernel does not import")
+    for name in ("padded-row-fully-masked", "short-graph-mask"):
+        s = RunSettings(backend="sglang-triton", cuda_graph=True, batch=3)
+        assert "prefix columns" in why_cannot_show(name, s, VOCAB)
+
+
+def test_apply_fault_names_the_needed_settings():
+    with pytest.raises(UsageError, match="--cuda-graph"):
+        apply_fault("stale-graph-mask", RunSettings(), VOCAB)
+    with pytest.raises(UsageError, match="unknown fault"):
+        apply_fault("no-such-fault", RunSettings(), VOCAB)
+
+
+def test_cli_lists_the_catalog_and_refuses_a_fault_that_cannot_show():
+    from harness.cli import _register, app
+    _register()
+    out = CliRunner().invoke(app, ["faults"], env={"COLUMNS": "250"})
+    assert out.exit_code == 0
+    for name in NAMES:
+        assert name in out.output
+    out = CliRunner().invoke(app, ["run", "--backend", "torch", "--no-cuda-graph", "--fault", "stale-kv-indices"])
+    assert out.exit_code == 2
+    assert "--cuda-graph" in out.output
+
+
+def test_padding_visible_mask_opens_only_padding_columns():
+    good, _ = flat_custom_mask([CHAIN], [4])
+    bad, _ = cat_mod._mask_padding_visible([CHAIN], [4])
+    diff = (bad & ~good).view(5, 9).nonzero().tolist()
+    assert diff and all(r < 3 and c >= 4 + 3 for r, c in diff)
+
+
+def test_row_stride_mask_shifts_every_row_after_the_first():
+    bad, indptr = cat_mod._mask_row_stride([CHAIN], [4])
+    assert indptr.tolist() == [0, 5 * 9]                       # the kernel's block size
+    read = bad.view(5, 9)                                      # read at prefix + q_len
+    want = request_mask_block(CHAIN, 4)
+    assert torch.equal(read[0, :7], want[0, :7]) and not torch.equal(read[1], want[1])
+
+
+def test_rectangle_mask_is_right_only_for_the_longest_prefix():
+    mask, indptr = cat_mod._mask_rectangle([CHAIN, CHAIN], [6, 3])
+    assert indptr.tolist() == [0, 5 * 11, 2 * 5 * 11]
+    assert torch.equal(mask[:5 * 11].view(5, 11), request_mask_block(CHAIN, 6))
+    start = int(indptr[1])
+    assert not torch.equal(mask[start:start + 5 * 8].view(5, 8), request_mask_block(CHAIN, 3))
+
+
+def test_empty_padding_rows_see_nothing():
+    mask, _ = cat_mod._mask_padding_rows_empty([CHAIN], [4])
+    block = mask.view(5, 9)
+    assert not block[3:].any() and block[:3].any(-1).all()
+
+
+def _batch(edit, tree=BRANCH, prefix=3):
+    req_to_token = torch.arange(1, 41).view(2, 20)
+    loc = torch.arange(100, 100 + tree.q_len)
+    stage = cat_mod._inputs_then(edit)
+    return stage([tree], [prefix], [0], req_to_token, loc, flat_custom_mask), loc
+
+
+def test_relabel_puts_children_before_parents_consistently():
+    vb, _ = _batch(cat_mod._relabel_reversed)
+    assert vb.input_ids.tolist() == [5, 8, 7, 6]               # rows 1..3 reversed
+    assert vb.positions.tolist() == [3, 5, 4, 4]
+    block = vb.attn.custom_mask.view(4, 7)[:, 3:]
+    assert block[1].tolist() == [True, True, False, True]       # node 3 (now row 1) sees its parent at row 3
+
+
+def test_positions_from_index_and_padding_alias():
+    vb, _ = _batch(cat_mod._positions_from_index)
+    assert vb.positions.tolist() == [3, 4, 5, 6]                # depths are 0, 1, 1, 2
+    vb, loc = _batch(cat_mod._padding_slots_alias, tree=CHAIN)
+    assert vb.attn.out_cache_loc.tolist() == [100, 101, 102, 101, 102]
+    assert loc.tolist() == [100, 101, 102, 103, 104]            # the engine's own slots are untouched
+
+
+def test_contiguous_commit_and_root_bonus():
+    from harness.mem.pool import ReqToTokenPool, SlotAllocator
+    from harness.spec.accept import Acceptance
+    alloc, pool = SlotAllocator(20), ReqToTokenPool(1, 10, "cpu")
+    slots = alloc.alloc(4)
+    n = cat_mod._commit_contiguous(pool, alloc, 0, 2, slots, Acceptance((0, 2), 9))
+    assert n == 4 and pool.req_to_token[0, 2:4].tolist() == slots[:2].tolist()   # not slots[[0, 2]]
+    acc = cat_mod._bonus_from_root(BRANCH, [6, 8, 1, 2])
+    assert acc.rows == (0, 1, 3) and acc.bonus == 6             # the walk ends at row 3, whose argmax is 2
