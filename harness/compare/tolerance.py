@@ -5,8 +5,15 @@ float32: the kernels accumulate in float32; measured errors on the presets
 are about 1e-6 (torch) and 3e-7 (SGLang's kernel under the interpreter), so
 1e-4 leaves two orders of headroom and still sits far below what a leaked
 key does (1e-2 and up).
-bfloat16 / float16: set from the per-node error distribution measured on the
-H200 (benchmarks/gpu_bf16.json, see benchmarks/README.md).
+bfloat16: measured on the H200 with SGLang's kernel natively, eager and under
+CUDA graphs, over the fault-free matrix (48 settings, 16374 nodes;
+benchmarks/results/gpu-h200.json, command in benchmarks/README.md): per-node
+rel. error p50 8.2e-3, p99 1.4e-2, p99.9 1.7e-2, max 2.0e-2. 4e-2 is twice
+that maximum and 13x under the smallest padded-kv-visible error there (0.52).
+float16: not measured on the GPU yet.
+float32 on CUDA: Triton's float32 tl.dot defaults to TF32 (the likely source); the file's
+float32_baseline shows per-node errors of 7e-4 to 1.2e-3, over 1e-4, so a
+float32 CUDA run of SGLang's kernel fails under this table as it stands.
 """
 from __future__ import annotations
 
