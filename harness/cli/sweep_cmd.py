@@ -58,7 +58,8 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
     colours = {"pass": "green", "DIVERGE": "red", "error": "red"}
     for row in df[cols].itertuples(index=False):
         cells = dict(zip(cols, map(str, row)))
-        cells["max_rel_err"] = f"{row[cols.index('max_rel_err')]:.1e}"
+        err = row[cols.index("max_rel_err")]  # a float, or "inf" as the records write it
+        cells["max_rel_err"] = f"{err:.1e}" if isinstance(err, (int, float)) else str(err)
         cells["verdict"] = f"[{colours[cells['verdict']]}]{cells['verdict']}[/]"
         t.add_row(*cells.values())
     Console(width=max(Console().width, 140)).print(t)
