@@ -68,3 +68,24 @@ def test_sweep_cli_exit_codes_and_nothing_written_on_usage_error(tmp_path):
 def _ddcheck(*args):
     return subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_an_engine_that_raises_is_a_failing_setting_not_a_crash():
+    from dataclasses import replace
+
+    from harness.faults import FAULTS
+    from harness.faults.registry import Fault, register
+
+    def boom(trees, prefix_lens):
+        raise IndexError("mask buffer too short")
+
+    register(Fault("test-raises", "raises in build_mask", "always", "none",
+                   lambda p: replace(p, build_mask=boom), lambda s, v: True))
+    try:
+        job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2, fault="test-raises"))
+        (r,) = run_jobs([job], 1)
+    finally:
+        del FAULTS["test-raises"]
+    assert not r.passed and r.usage_error is None
+    assert r.summary["error"] == "IndexError: mask buffer too short"
+    assert json.loads(r.lines[-1])["kind"] == "summary"
