@@ -211,6 +211,10 @@ def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.localize import localize
-    loc = localize(p, summary.first)
+    try:
+        loc = localize(p, summary.first)
+    except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
+        summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
+        return
     writer.write(loc)
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
