@@ -3,14 +3,14 @@ per (step, request, node), then the emitted streams against the oracle's
 greedy continuation."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from harness.attn import make_backend
 from harness.compare.metrics import compare_node
-from harness.compare.tolerance import rel_tolerance
+from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.model.presets import load_model
 from harness.oracle_lookup import load_oracle_class
@@ -43,6 +43,7 @@ class CheckSummary:
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
+    tolerance: float | None = None   # the relative tolerance the nodes were judged at
     first: FirstDivergence | None = None
     notes: list[str] = field(default_factory=list)
     fault_class: str | None = None   # the localizer's class of the first divergence
@@ -63,6 +64,12 @@ class Prepared:
     prompts: list[PromptSpec]
     prompt_ids: list[list[int]]
 
+    @property
+    def tolerance(self) -> float:
+        """Relative logit tolerance for this run: by dtype, and by what the
+        backend multiplies in (TF32 for SGLang's kernel on CUDA in float32)."""
+        return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
+
 
 def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -> Prepared:
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
@@ -79,8 +86,8 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
           localize: bool = True) -> CheckSummary:
     s = p.settings
-    summary = CheckSummary(setting=s.command())
-    tol = rel_tolerance(s.dtype)
+    tol = p.tolerance
+    summary = CheckSummary(setting=s.command(), tolerance=tol)
     ignored_prefix_keys = 0
     for result in p.engine.rounds():
         summary.steps += 1
@@ -100,7 +107,6 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
 
 
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
-    from dataclasses import asdict
     d = {k: v for k, v in asdict(summary).items() if k != "setting"}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed,
             "settings": s.to_dict(), **d}
@@ -179,7 +185,7 @@ def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> 
 def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     n = p.settings.max_new_tokens
     # an engine within tol * scale of the oracle can flip a choice whose gap is below twice that
-    tie = 2 * rel_tolerance(p.settings.dtype) * max(summary.max_ref_scale, 1.0)
+    tie = 2 * p.tolerance * max(summary.max_ref_scale, 1.0)
     for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
         ref, gaps = p.oracle.greedy(ids, n)
         got = r.emitted[:n]
@@ -216,5 +222,5 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
         summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
         return
-    writer.write(loc)
+    writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation

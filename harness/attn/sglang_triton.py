@@ -79,6 +79,10 @@ class SGLangTritonBackend:
         self._takes_scales = "k_scale" in params  # positional since 0.5.15
         self.compute_dtype = torch.float32 if use_interpreter() else dtype
 
+    def precision(self, dtype: str) -> str:
+        """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)."""
+        return "tf32" if dtype == "float32" and not use_interpreter() else dtype
+
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
         cd = self.compute_dtype
         q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.compare.tolerance import rel_tolerance
 from harness.localize.audits import audit_acceptance, audit_inputs, audit_replay
 from harness.localize.explain import Evidence, classify, explanation
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
@@ -33,7 +32,7 @@ def localize(p, first) -> Localization:
     first: the run's FirstDivergence."""
     from harness.check import prepare
     fresh = prepare(p.settings, tuple(p.prompts))
-    engine, oracle, tol = fresh.engine, p.oracle, rel_tolerance(p.settings.dtype)
+    engine, oracle, tol = fresh.engine, p.oracle, p.tolerance
     kv = KVAudit()
     ev = Evidence(where=_where(first), what=first.what, node=first.node if first.what != "stream" else None, kv=kv)
     for result in engine.rounds():
