@@ -16,7 +16,7 @@ from harness.model.presets import load_model
 from harness.oracle_lookup import load_oracle_class
 from harness.records import NodeRecord, RecordWriter, StreamRecord
 from harness.runner.engine import Engine, RequestStep
-from harness.runner.settings import PromptSpec, RunSettings, prompt_tokens, prompts_for_batch, DEFAULT_PROMPTS
+from harness.runner.settings import UsageError, PromptSpec, RunSettings, prompt_tokens, prompts_for_batch, DEFAULT_PROMPTS
 
 
 
@@ -75,6 +75,9 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
     cfg, weights = load_model(s.model, s.seed)
     backend = make_backend(s.backend, s.device, s.torch_dtype)
+    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
+        raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
+                         "reads indptrs on the host (use --backend sglang-triton)")
     pipeline = apply_fault(s.fault, s, cfg.vocab_size)
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]

@@ -74,14 +74,19 @@ class SGLangTritonBackend:
     graph_capturable = True
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
+        # Natively on CUDA in the run's dtype; on CPU under the interpreter in float32.
+        self.interpret = not device.startswith("cuda")
+        if self.interpret and not use_interpreter() and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailable("sglang-triton on --device cpu needs the Triton interpreter on a CUDA "
+                                     "machine: set TRITON_INTERPRET=1 in the environment, or use --device cuda")
         self._fwd = _import_kernel()
         params = inspect.signature(self._fwd).parameters
         self._takes_scales = "k_scale" in params  # positional since 0.5.15
-        self.compute_dtype = torch.float32 if use_interpreter() else dtype
+        self.compute_dtype = torch.float32 if self.interpret else dtype
 
     def precision(self, dtype: str) -> str:
         """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)."""
-        return "tf32" if dtype == "float32" and not use_interpreter() else dtype
+        return "tf32" if dtype == "float32" and not self.interpret else dtype
 
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
         cd = self.compute_dtype

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, fail_usage
+from harness.cli.common import USAGE_ERRORS, fail_usage, pick_device
 
 
 def _flags(s) -> str:
@@ -28,6 +28,7 @@ def faults(
     backend: str = typer.Option("torch", help="backend of the self-check (faults that need another get theirs)"),
     only: Optional[list[str]] = typer.Option(None, "--fault", help="check only these faults (repeatable)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the --check table as JSON"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda"),
 ) -> None:
     """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
     from harness.faults.registry import catalog
@@ -49,7 +50,7 @@ def faults(
     console = Console(stderr=True)
     rows = []
     try:
-        for row in self_check(backend, seeds, quick, fault_seeds, only):
+        for row in self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device)):
             rows.append(row)
             console.print(f"{row.fault or 'fault-free'} seed {row.settings.seed}: "
                           f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)")

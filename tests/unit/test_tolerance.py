@@ -13,13 +13,13 @@ def test_backend_without_declaration_is_judged_by_dtype():
     assert rel_tolerance(matmul_precision("bfloat16", _PlainBackend())) == REL_TOL["bfloat16"]
 
 
-def test_sglang_kernel_float32_on_cuda_is_tf32(monkeypatch):
+def test_sglang_kernel_float32_on_cuda_is_tf32():
     """Triton's float32 tl.dot is TF32 on CUDA: SGLang's kernel is judged at the TF32 tolerance there."""
     backend = object.__new__(sglang_triton.SGLangTritonBackend)
-    monkeypatch.setattr(sglang_triton, "use_interpreter", lambda: False)
+    backend.interpret = False  # natively on CUDA
     assert matmul_precision("float32", backend) == "tf32"
     assert matmul_precision("bfloat16", backend) == "bfloat16"
-    monkeypatch.setattr(sglang_triton, "use_interpreter", lambda: True)
+    backend.interpret = True   # the interpreter multiplies in IEEE float32
     assert matmul_precision("float32", backend) == "float32"
 
 
