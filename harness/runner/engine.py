@@ -102,7 +102,8 @@ class Engine:
 
     def _greedy_continuation(self, r: Request) -> list[int]:
         """The target's own greedy stream (what a perfect drafter would say),
-        recomputed densely from token ids through the backend under test."""
+        from the same weights through the plain torch backend: the drafter is
+        not under test, so a broken backend cannot also break the drafts."""
         from harness.runner.dense import dense_greedy
         return dense_greedy(self.model, r.prompt, self.s.max_new_tokens + self.s.block_size)
 
