@@ -81,6 +81,9 @@ class RecordWriter:
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(self.lines) + ("\n" if self.lines else ""))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; records are ordinary files
         os.replace(tmp, self.path)
 
 

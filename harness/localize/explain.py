@@ -96,7 +96,8 @@ def _leak_sentence(ev: Evidence, d: MaskDiff) -> str:
     cols = [c for r, c in d.leaked if r == row]
     keys = [c - d.prefix_len for c in cols]
     slots = [d.key_slots[c] for c in cols]
-    return (f"row {row} attends to keys {ranges(keys)}, which are padding rows (KV slots {ranges(slots)}); "
+    return (f"row {row} attends to keys {ranges(keys)} of the verify rows (mask columns {ranges(cols)}), "
+            f"which are padding rows (KV slots {ranges(slots)}); "
             f"{len(d.leaked)} leaked (row, key) pairs over {len({r for r, _ in d.leaked})} real rows")
 
 
