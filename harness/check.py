@@ -16,8 +16,7 @@ from harness.model.presets import load_model
 from harness.oracle_lookup import load_oracle_class
 from harness.records import NodeRecord, RecordWriter, StreamRecord
 from harness.runner.engine import Engine, RequestStep
-from harness.runner.settings import UsageError, PromptSpec, RunSettings, prompt_tokens, prompts_for_batch, DEFAULT_PROMPTS
-
+from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
 
 
 @dataclass(frozen=True)

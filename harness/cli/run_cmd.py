@@ -70,7 +70,7 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("divergent nodes", str(summary.divergent_nodes))
     t.add_row("near ties", str(summary.near_ties))
     t.add_row("padding rows seen", str(summary.padding_rows))
-    t.add_row("max rel. error", f"{summary.max_rel_err:.2e}")
+    t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))
     f = summary.first
     if f is None:
