@@ -9,14 +9,9 @@ import torch
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
                                      reads_prefix_mask, register, two_steps)
 from harness.spec.accept import Acceptance, greedy_walk
-from harness.spec.mask import request_mask_block, tree_visibility
+from harness.spec.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.spec.tree import DraftTree
 from harness.spec.verify_inputs import VerifyBatch, build_verify_batch
-
-
-def _flat(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    sizes = torch.tensor([0] + [b.numel() for b in blocks], dtype=torch.int64)
-    return torch.cat([b.reshape(-1) for b in blocks]), torch.cumsum(sizes, 0)
 
 
 def _graph(**switches):
@@ -32,7 +27,7 @@ def _mask_padding_visible(trees: list[DraftTree], prefix_lens: list[int]):
         block = request_mask_block(t, p)
         block[:t.num_rows, p + t.num_rows:] = True
         blocks.append(block)
-    return _flat(blocks)
+    return flatten_blocks(blocks)
 
 
 def _mask_row_stride(trees: list[DraftTree], prefix_lens: list[int]):
@@ -45,7 +40,7 @@ def _mask_row_stride(trees: list[DraftTree], prefix_lens: list[int]):
         flat = torch.zeros(good.numel(), dtype=torch.bool)
         flat[:t.q_len * width] = good[:, :width].reshape(-1)
         blocks.append(flat)
-    return _flat(blocks)
+    return flatten_blocks(blocks)
 
 
 def _mask_rectangle(trees: list[DraftTree], prefix_lens: list[int]):
@@ -66,7 +61,7 @@ def _mask_padding_rows_empty(trees: list[DraftTree], prefix_lens: list[int]):
         block = request_mask_block(t, p)
         block[t.num_rows:] = False
         blocks.append(block)
-    return _flat(blocks)
+    return flatten_blocks(blocks)
 
 
 # -- verify-inputs stage ------------------------------------------------------------

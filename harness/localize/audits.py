@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.spec.accept import greedy_walk
 from harness.spec.tree import DraftTree
 
 
@@ -58,43 +59,42 @@ def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
             continue
         wrong = [i for i in range(t.num_rows) if got[i] != want[i]]
         if sorted(got) == sorted(want):
-            out[b] = Finding("permuted", f"rows {_ranges(wrong)} carry other nodes' (token, position): "
+            out[b] = Finding("permuted", f"rows {ranges(wrong)} carry other nodes' (token, position): "
                                          "the rows are renumbered")
         elif [g[0] for g in got] == [w[0] for w in want]:
             rows = ", ".join(f"{i} (depth {t.depths[i]}) at {got[i][1]} not {want[i][1]}" for i in wrong[:4])
             out[b] = Finding("positions", f"positions are not prefix + depth: rows {rows}")
         else:
-            out[b] = Finding("tokens", f"input_ids differ from the tree's tokens at rows {_ranges(wrong)}")
+            out[b] = Finding("tokens", f"input_ids differ from the tree's tokens at rows {ranges(wrong)}")
     return out
 
 
 def greedy_accept(tree: DraftTree, predicts: list[int]) -> tuple[list[int], int]:
-    """The reference walk: follow the child whose token is the current row's argmax."""
-    cur, rows = 0, [0]
-    while True:
-        nxt = [c for c in range(1, tree.num_rows) if tree.parents[c] == cur and tree.tokens[c] == predicts[cur]]
-        if not nxt:
-            return rows, predicts[cur]
-        cur = nxt[0]
-        rows.append(cur)
+    """greedy_walk as (rows, bonus); kept only for tests/unit/test_localize.py,
+    which imports it (greedy_walk itself is tested in tests/unit/test_accept.py)."""
+    acc = greedy_walk(tree, predicts)
+    return list(acc.rows), acc.bonus
 
 
 def audit_acceptance(rs) -> Finding | None:
+    """The engine's acceptance against a fresh greedy walk over the same
+    logits: faults swap the accept stage, never greedy_walk itself."""
     predicts = rs.logits.argmax(-1).tolist()
-    rows, bonus = greedy_accept(rs.tree, predicts)
-    acc = rs.acceptance
+    want, acc = greedy_walk(rs.tree, predicts), rs.acceptance
+    if acc == want:
+        return None
+    rows = list(want.rows)
     if list(acc.rows) != rows:
         return Finding("accept-rows", f"step {rs.step}, request {rs.rid}: accepted rows {list(acc.rows)}, "
                                       f"the greedy walk accepts {rows}")
-    if acc.bonus != bonus:
-        src = [r for r in range(rs.tree.num_rows) if predicts[r] == acc.bonus]
-        where = f"the argmax of row {src[0]}" if src else "no row's argmax"
-        return Finding("wrong-bonus", f"step {rs.step}, request {rs.rid}: bonus token {acc.bonus} is {where}, "
-                                      f"not of the last accepted row {rows[-1]} (token {bonus})")
-    return None
+    src = [r for r in range(rs.tree.num_rows) if predicts[r] == acc.bonus]
+    where = f"the argmax of row {src[0]}" if src else "no row's argmax"
+    return Finding("wrong-bonus", f"step {rs.step}, request {rs.rid}: bonus token {acc.bonus} is {where}, "
+                                  f"not of the last accepted row {rows[-1]} (token {want.bonus})")
 
 
-def _ranges(xs: list[int]) -> str:
+def ranges(xs: list[int]) -> str:
+    """Ascending ints as runs: [1, 2, 3, 7] -> "1-3, 7"."""
     if not xs:
         return ""
     out, start, prev = [], xs[0], xs[0]
@@ -107,5 +107,3 @@ def _ranges(xs: list[int]) -> str:
             start = prev = x
     return ", ".join(out)
 
-
-ranges = _ranges

@@ -35,6 +35,12 @@ def request_mask_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
 def flat_custom_mask(trees: list[DraftTree], prefix_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """custom_mask  # [sum_b q_len*(prefix_b+q_len)] flat bool, per-request row-major blocks
     mask_indptr  # [bs+1] start of each request's [q_len, prefix+q_len] block"""
-    blocks = [request_mask_block(t, p).reshape(-1) for t, p in zip(trees, prefix_lens)]
+    return flatten_blocks([request_mask_block(t, p) for t, p in zip(trees, prefix_lens)])
+
+
+def flatten_blocks(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-request blocks (any shape, row-major) laid end to end.
+    custom_mask  # [sum_b block_b.numel()] flat
+    mask_indptr  # [bs+1] start of each request's block in custom_mask"""
     sizes = torch.tensor([0] + [b.numel() for b in blocks], dtype=torch.int64)
-    return torch.cat(blocks), torch.cumsum(sizes, 0)
+    return torch.cat([b.reshape(-1) for b in blocks]), torch.cumsum(sizes, 0)

@@ -142,3 +142,23 @@ def test_contiguous_commit_and_root_bonus():
     assert n == 4 and pool.req_to_token[0, 2:4].tolist() == slots[:2].tolist()   # not slots[[0, 2]]
     acc = cat_mod._bonus_from_root(BRANCH, [6, 8, 1, 2])
     assert acc.rows == (0, 1, 3) and acc.bonus == 6             # the walk ends at row 3, whose argmax is 2
+
+
+def test_acceptance_audit_names_the_root_bonus():
+    """The localizer's audit re-walks the logits with greedy_walk: the root-bonus stage's
+    acceptance is flagged as a wrong bonus, the walk's own acceptance passes."""
+    from types import SimpleNamespace
+
+    from harness.localize.audits import audit_acceptance
+    from harness.spec.accept import greedy_walk
+    predicts = [6, 8, 1, 2]                                     # walk: 0 -> 1 -> 3, bonus 2
+    logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()  # [q_len, vocab]
+
+    def step(acceptance):
+        return SimpleNamespace(step=3, rid=1, tree=BRANCH, logits=logits, acceptance=acceptance)
+    assert audit_acceptance(step(greedy_walk(BRANCH, predicts))) is None
+    found = audit_acceptance(step(cat_mod._bonus_from_root(BRANCH, predicts)))
+    assert found.kind == "wrong-bonus" and "bonus token 6 is the argmax of row 0" in found.text
+    assert "last accepted row 3 (token 2)" in found.text
+    found = audit_acceptance(step(greedy_walk(BRANCH, [6, 1, 1, 2])))  # stops at the root
+    assert found.kind == "accept-rows" and "the greedy walk accepts [0, 1, 3]" in found.text

@@ -9,7 +9,7 @@ from harness.check import prepare
 from harness.mem.pool import PADDING_SLOT
 from harness.runner.graph import GraphRunner, capture_buckets
 from harness.runner.settings import RunSettings
-from harness.spec.tree import build_tree
+from harness.spec.tree import DraftTree, build_tree
 from harness.spec.verify_inputs import build_verify_batch
 
 MAX_BS = 4
@@ -43,11 +43,22 @@ def eager(engine, vb) -> torch.Tensor:
     return engine._verify_forward(vb.input_ids, vb.positions, vb.attn)
 
 
-@pytest.mark.parametrize("max_bs", range(1, 10))
+@pytest.mark.parametrize("max_bs", range(1, 18))
 def test_buckets_cover_every_batch_size(max_bs):
-    """Buckets ascend from 1 and the largest holds max_bs."""
+    """Buckets are 1, 2, 4, ... up to the first power of two that holds max_bs
+    (none past it), and the runner replays a batch of bs in the smallest of them
+    that holds it (a stub forward: only the bucket choice is judged)."""
     b = capture_buckets(max_bs)
-    assert b[0] == 1 and b == sorted(set(b)) and b[-1] >= max_bs
+    assert b == [2 ** i for i in range(len(b))]
+    assert b[-1] >= max_bs and (len(b) == 1 or b[-2] < max_bs)
+    tree = DraftTree((5, 6), (None, 0), (0, 1), q_len=2)
+    req_to_token = torch.arange(max_bs * 4).view(max_bs, 4)
+    runner = GraphRunner(lambda ids, pos, meta: torch.zeros(ids.numel(), 3), 2, max_bs, 4, req_to_token, "cpu")
+    for bs in range(1, max_bs + 1):
+        vb = build_verify_batch([tree] * bs, [1] * bs, list(range(bs)), req_to_token, torch.arange(bs * 2) + 100)
+        runner.verify(vb)
+        smallest = 1 << (bs - 1).bit_length()  # the smallest power of two >= bs
+        assert runner.last.bucket == smallest, f"bs {bs} ran in bucket {runner.last.bucket}"
 
 
 def test_batch_runs_in_the_smallest_bucket_that_holds_it(engine):

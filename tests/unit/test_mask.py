@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.spec.mask import flat_custom_mask, request_mask_block, tree_visibility
+from harness.spec.mask import flat_custom_mask, flatten_blocks, request_mask_block, tree_visibility
 from harness.spec.tree import DraftTree, build_tree
 
 # root 0 -> {1, 2}; 1 -> {3, 4}; 3 -> {5}; 2 rows of padding (q_len 8)
@@ -73,3 +73,11 @@ def test_flat_layout_for_a_batch_of_different_prefixes():
             line = block[row * stride:(row + 1) * stride]
             assert line[:prefix].all()
             assert torch.equal(line[prefix:], vis[row]), f"request {b} row {row}"
+
+
+def test_flatten_blocks_lays_blocks_end_to_end():
+    """flatten_blocks (shared by the mask stage and the fault catalog): each block row-major, indptr its starts."""
+    blocks = [torch.arange(6).view(2, 3) % 2 == 0, torch.tensor([True]), torch.zeros(2, 2, dtype=torch.bool)]
+    flat, indptr = flatten_blocks(blocks)
+    assert indptr.dtype == torch.int64 and indptr.tolist() == [0, 6, 7, 11]
+    assert flat.tolist() == [True, False, True, False, True, False] + [True] + [False] * 4
