@@ -63,7 +63,7 @@ def run_setting(budget, topk, graph, batch, *, device, dtype, max_new_tokens, fa
                max_rel_err=summary.max_rel_err, notes=summary.notes, wall_s=round(wall, 2),
                first=None if f is None else dict(step=f.step, request=f.request, node=f.node, depth=f.depth,
                                                    rel_err=f.rel_err, what=f.what),
-               command=s.command().replace("ddcheck run", "ddcheck run --device " + device))
+               command=s.command())
     return row, errs
 
 

@@ -1,7 +1,7 @@
 """Model configuration and the Hugging Face weight names both sides read."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,6 @@ class ModelConfig:
             raise ValueError("num_heads must be a multiple of num_kv_heads (GQA)")
         if self.head_dim % 2:
             raise ValueError("head_dim must be even for RoPE")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def weight_names(cfg: ModelConfig) -> list[str]:

@@ -4,7 +4,6 @@ SCHEMA_VERSION = 1
 
 # kind -> what one record of that kind stands for
 RECORD_KINDS = {
-    "run": "one per run: settings, environment, backend capabilities",
     "node": "one per (step, request, tree row): metrics against the oracle",
     "accept": "one per (step, request) where two acceptance implementations disagree",
     "stream": "one per request: emitted tokens against the oracle's greedy continuation",
@@ -12,4 +11,4 @@ RECORD_KINDS = {
     "summary": "one per run: counts and the first divergence",
 }
 
-VERDICTS = ("match", "diverge", "near-tie", "padding", "skipped")
+VERDICTS = ("match", "diverge", "near-tie", "padding")

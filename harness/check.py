@@ -27,7 +27,7 @@ class FirstDivergence:
     depth: int | None
     padding_present: bool
     rel_err: float | None
-    what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream
+    what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
 
 
 @dataclass
@@ -167,6 +167,8 @@ def _cross_check_acceptance(rs: RequestStep, accept: str, summary: CheckSummary,
         return
     walk, sglang = (rs.acceptance, rs.cross_check) if accept == "walk" else (rs.cross_check, rs.acceptance)
     summary.accept_mismatches += 1
+    if summary.first is None:
+        summary.first = FirstDivergence(rs.step, rs.rid, 0, None, rs.tree.num_padding > 0, None, "accept")
     writer.write({"kind": "accept", "setting": summary.setting, "step": rs.step, "request": rs.rid,
                   "walk_rows": list(walk.rows), "sglang_rows": list(sglang.rows),
                   "walk_bonus": walk.bonus, "sglang_bonus": sglang.bonus, "verdict": "diverge"})

@@ -85,8 +85,3 @@ class RecordWriter:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; records are ordinary files
         os.replace(tmp, self.path)
-
-
-def read_records(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -10,9 +10,6 @@ import torch
 
 from harness.spec.verify_inputs import AttnMetadata
 
-MASK_REGIONS = ("prefix", "draft")
-
-
 class BackendUnavailable(RuntimeError):
     """The backend cannot run here (missing package, too old): a usage error."""
 

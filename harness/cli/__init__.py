@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from harness.cli.common import USAGE_ERRORS, fail_usage
+from harness.cli.common import USAGE_ERRORS, exit_usage
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Differential checks of DDTree verify (SGLang layout) against a float64 oracle.")
@@ -37,7 +37,7 @@ def main() -> None:
     try:
         app(standalone_mode=True)
     except USAGE_ERRORS as e:  # raised outside a command's own handling
-        fail_usage(e)
+        exit_usage(e)
 
 
 if __name__ == "__main__":

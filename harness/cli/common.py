@@ -9,20 +9,35 @@ import typer
 
 from harness.attn.base import BackendUnavailable
 from harness.model.presets import ModelLoadError
+from harness.oracle_lookup import OracleUnavailable
 from harness.runner.settings import UsageError
 
-USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable)
+# usage or environment errors: one line on stderr, exit 2, nothing written
+USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailable)
 
 
 def fail_usage(e: Exception) -> NoReturn:
+    """Inside a command (typer turns Exit into the exit code)."""
     typer.echo(f"ddcheck: error: {e}", err=True)
     raise typer.Exit(2)
+
+
+def exit_usage(e: Exception) -> NoReturn:
+    """Outside typer's handling, in the console script's own frame."""
+    typer.echo(f"ddcheck: error: {e}", err=True)
+    sys.exit(2)
 
 
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}") from None
+    if kind not in ("cpu", "cuda"):
+        raise UsageError(f"--device must be auto, cpu or cuda[:N], got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda asked for, but torch sees no CUDA device")
     return device
 

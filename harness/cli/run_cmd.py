@@ -1,8 +1,9 @@
 """`ddcheck run`: one setting, compared per node, summarised."""
 from __future__ import annotations
 
+import traceback
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -54,13 +55,27 @@ def run(
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("verify", total=s.max_new_tokens * s.batch)
-        summary = check(prepared, writer, lambda step, done: bar.update(task, completed=done))
+        try:
+            summary = check(prepared, writer, lambda step, done: bar.update(task, completed=done))
+        except Exception as e:  # noqa: BLE001  (the engine under test crashed: a finding, not a usage error)
+            crashed(s, writer, e)
     writer.commit()
     print_summary(Console(), summary, path)
     if html:
         from harness.report.html import write_report
         write_report([path], html)
     raise typer.Exit(0 if summary.passed else 1)
+
+
+def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
+    """Keep the records so far plus a failing summary naming the exception; exit 1."""
+    from harness.check import CheckSummary, summary_record
+    line = traceback.format_exception_only(type(e), e)[-1].strip()
+    writer.write({**summary_record(s, CheckSummary(setting=s.command())), "passed": False,
+                  "error": traceback.format_exc()})
+    writer.commit()
+    typer.echo(f"ddcheck: the engine under test raised {line} (records: {writer.path})", err=True)
+    raise typer.Exit(1)
 
 
 def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
@@ -75,6 +90,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     f = summary.first
     if f is None:
         t.add_row("first divergence", "none")
+    elif f.what == "accept":
+        t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
     elif f.what == "stream":
         t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
     else:

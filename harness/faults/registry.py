@@ -23,6 +23,9 @@ class Fault:
     def __post_init__(self) -> None:
         if not (self.name and self.breaks and self.shows_when and self.expected_class):
             raise ValueError("a fault needs a name, a `breaks` line, a `shows_when` line and a class")
+        from harness.localize.explain import CLASSES
+        if self.expected_class not in CLASSES:
+            raise ValueError(f"fault {self.name!r}: class {self.expected_class!r} is none the localizer can name")
 
 
 FAULTS: dict[str, Fault] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 from harness.faults.registry import catalog, why_cannot_show
 from harness.records import RecordWriter
@@ -69,7 +69,7 @@ def run_one(s: RunSettings, expected_class: str | None) -> CheckRow:
 
 
 def self_check(backend: str = "torch", seeds: int = 5, quick: bool = False, fault_seeds: int = 1,
-               faults: list[str] | None = None, on_row: Callable[[CheckRow], None] | None = None,
+               faults: list[str] | None = None,
                device: str = "cpu") -> Iterator[CheckRow]:
     """Yields one row per run: each fault (x fault_seeds), then the clean matrix x seeds."""
     from harness.model.presets import load_model

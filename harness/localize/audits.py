@@ -69,13 +69,6 @@ def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
     return out
 
 
-def greedy_accept(tree: DraftTree, predicts: list[int]) -> tuple[list[int], int]:
-    """greedy_walk as (rows, bonus); kept only for tests/unit/test_localize.py,
-    which imports it (greedy_walk itself is tested in tests/unit/test_accept.py)."""
-    acc = greedy_walk(tree, predicts)
-    return list(acc.rows), acc.bonus
-
-
 def audit_acceptance(rs) -> Finding | None:
     """The engine's acceptance against a fresh greedy walk over the same
     logits: faults swap the accept stage, never greedy_walk itself."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.localize.audits import audit_acceptance, audit_inputs, audit_replay
+from harness.localize.audits import Finding, audit_acceptance, audit_inputs, audit_replay
 from harness.localize.explain import Evidence, classify, explanation
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
@@ -34,15 +34,18 @@ def localize(p, first) -> Localization:
     fresh = prepare(p.settings, tuple(p.prompts))
     engine, oracle, tol = fresh.engine, p.oracle, p.tolerance
     kv = KVAudit()
-    ev = Evidence(where=_where(first), what=first.what, node=first.node if first.what != "stream" else None, kv=kv)
+    node = first.node if first.what not in ("stream", "accept") else None
+    ev = Evidence(where=_where(first), what=first.what, node=node, kv=kv)
     for result in engine.rounds():
         replay = engine.graph.last if engine.graph is not None else None
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
         audit_invariants(engine, result, kernel_kv, kv)
         audit_cache(engine, result, oracle, tol, kv)
         for rs in result.requests:
-            ev.accept = ev.accept or audit_acceptance(rs)
-        if first.what != "stream" and result.step == first.step:
+            ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
+        if first.what == "accept" and result.step == first.step:
+            break
+        if first.what not in ("stream", "accept") and result.step == first.step:
             _at_divergence(engine, result, replay, first, oracle, tol, ev)
             break
     cls, cause = classify(ev)
@@ -87,7 +90,18 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
     ev.bisect = bisect(hidden, row, ref, tol)
 
 
+def _cross_check_finding(rs) -> Finding | None:
+    """The acceptor that drove the run and the cross-checked one disagree."""
+    if rs.cross_check is None or rs.cross_check == rs.acceptance:
+        return None
+    a, c = rs.acceptance, rs.cross_check
+    return Finding("accept-mismatch", f"step {rs.step}, request {rs.rid}: the acceptance stages disagree: "
+                                      f"rows {list(a.rows)} bonus {a.bonus} against rows {list(c.rows)} bonus {c.bonus}")
+
+
 def _where(first) -> str:
+    if first.what == "accept":
+        return f"step {first.step}, request {first.request}, acceptance"
     if first.what == "stream":
         return f"request {first.request}, emitted token {first.node}"
     if first.what == "batch-padding":

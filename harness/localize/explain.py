@@ -11,13 +11,13 @@ from harness.localize.mask_probe import MaskDiff, derived_parents, row_stride_ex
 
 CLASSES = ("graph-causal-mask", "mask-out-of-bounds", "stale-kv-indices", "stale-graph-mask", "fully-masked-row",
            "node-order", "wrong-position", "slot-alias", "kv-not-compacted", "padding-leak", "batch-mask-layout",
-           "mask-shift", "wrong-bonus", "wrong-kv", "unexplained")
+           "mask-shift", "wrong-bonus", "accept-mismatch", "wrong-kv", "unexplained")
 
 
 @dataclass
 class Evidence:
     where: str                                    # "step 3, request 0, node 5 (depth 2)"
-    what: str                                     # node | padding | batch-padding | stream
+    what: str                                     # node | padding | batch-padding | stream | accept
     request_index: int | None = None              # index in the verify batch
     num_rows: int = 0                             # real rows of the divergent request's tree
     graph: list[Finding] = field(default_factory=list)
@@ -64,7 +64,8 @@ def classify(ev: Evidence) -> tuple[str, str]:
     if d is not None and (d.leaked or d.blocked):
         return _classify_mask(ev, d)
     if ev.accept is not None:
-        return ("wrong-bonus" if ev.accept.kind == "wrong-bonus" else "unexplained"), ev.accept.text
+        cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch"}.get(ev.accept.kind, "unexplained")
+        return cls, ev.accept.text
     if ev.kv.first_bad_position is not None:
         return "wrong-kv", f"the cached K/V is wrong{_kv_note(ev.kv)}"
     return "unexplained", "no audit, probe or bisect pinned a cause"

@@ -14,7 +14,7 @@ from harness.mem.pool import KVPool, ReqToTokenPool
 from harness.model.llama import LlamaModel
 from harness.runner.graph import GraphRunner
 from harness.runner.pipeline import Pipeline
-from harness.runner.settings import PromptSpec, RunSettings
+from harness.runner.settings import PromptSpec, RunSettings, UsageError
 from harness.spec.accept import Acceptance
 from harness.spec.accept_sglang import pick_acceptors
 from harness.spec.drafter import DrafterConfig, NoisyOracleDrafter
@@ -69,6 +69,9 @@ class Engine:
         dev, q_len = settings.device, settings.q_len
         self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)
         self.max_context = max(map(len, prompt_ids)) + settings.max_new_tokens + q_len + 2
+        if self.max_context > cfg.max_position:
+            raise UsageError(f"prompts + --max-new-tokens + q_len need {self.max_context} positions; "
+                             f"the model has {cfg.max_position}")
         num_slots = 2 + len(prompts) * (self.max_context + q_len) + 64
         self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev)
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)

@@ -57,7 +57,7 @@ class RunSettings:
                  "--cuda-graph" if self.cuda_graph else "--no-cuda-graph", f"--backend {self.backend}",
                  f"--batch {self.batch}", f"--max-new-tokens {self.max_new_tokens}",
                  f"--block-size {self.block_size}", f"--model {self.model}", f"--seed {self.seed}",
-                 f"--dtype {self.dtype}", f"--accept {self.accept}"]
+                 f"--dtype {self.dtype}", f"--accept {self.accept}", f"--device {self.device}"]
         if self.fault:
             parts.append(f"--fault {self.fault}")
         return " ".join(parts)

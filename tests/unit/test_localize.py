@@ -7,7 +7,7 @@ import torch
 
 from harness.attn import make_backend
 from harness.faults import catalog as faults
-from harness.localize.audits import audit_inputs, greedy_accept
+from harness.localize.audits import audit_inputs
 from harness.localize.explain import Evidence, classify
 from harness.localize.mask_probe import (ancestor_mask, derived_parents, diff_request, probe_visibility,
                                          row_stride_explains)
@@ -102,5 +102,3 @@ def test_input_audit_names_wrong_positions():
     assert set(found) == {0} and found[0].kind == "positions" and "3 (depth 2) at 10 not 9" in found[0].text
 
 
-def test_reference_walk():
-    assert greedy_accept(TREES[0], [6, 8, 0, 3, 0, 0]) == ([0, 1, 3], 3)

@@ -95,3 +95,17 @@ def test_broken_link_builder_is_caught_as_an_accept_record(monkeypatch):
     assert a["verdict"] == "diverge" and a["walk_rows"] != a["sglang_rows"]
     assert set(a) >= {"step", "request", "walk_rows", "sglang_rows", "walk_bonus", "sglang_bonus", "setting"}
     assert any("disagree" in n for n in summary.notes)
+
+
+def test_accept_only_divergence_is_first_and_localized(monkeypatch):
+    """A run that diverges only in acceptance names that step as its first divergence and localizes it."""
+    monkeypatch.setattr(accept_sglang, "build_links", drop_siblings)
+    s = RunSettings(budget=16, topk=4, backend="torch", batch=2, max_new_tokens=16, accept="walk")
+    writer = RecordWriter(None)
+    summary = check(prepare(s), writer)
+    records = [__import__("json").loads(line) for line in writer.lines]
+    first_accept = next(r for r in records if r["kind"] == "accept")
+    assert summary.first is not None and summary.first.what == "accept"
+    assert (summary.first.step, summary.first.request) == (first_accept["step"], first_accept["request"])
+    assert summary.fault_class == "accept-mismatch" and "disagree" in summary.explanation
+    assert any(r["kind"] == "localize" and r["fault_class"] == "accept-mismatch" for r in records)
