@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.compare.tolerance import REL_TOL
-from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError
+from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, PromptSpec, RunSettings, UsageError
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
@@ -93,10 +93,15 @@ class Case:
 
     def settings(self) -> list[RunSettings]:
         """The fault-free (or fault-injected) matrix, deduplicated, in file order."""
-        out: list[RunSettings] = []
+        return [s for s, _ in self.labelled_settings()]
+
+    def labelled_settings(self) -> list[tuple[RunSettings, str]]:
+        """Each distinct matrix setting once, with the label of the first table that holds it."""
+        out: dict[RunSettings, str] = {}
         for m in self.matrix:
-            out += [s for s in m.settings(self.base) if s not in out]
-        return out
+            for s in m.settings(self.base):
+                out.setdefault(s, m.label)
+        return list(out.items())
 
     def one_line(self) -> str:
         faults = ", ".join(f.name for f in self.faults) or "none"
@@ -137,8 +142,8 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
                           for v in values)
     if not good:
         raise _fail(path, f"{where}{axis}", f"a {name[:-1]} or a non-empty list of {name}", raw)
-    if axis == "dtype" and any(v not in REL_TOL for v in values):
-        raise _fail(path, f"{where}{axis}", f"dtypes among {', '.join(REL_TOL)}", raw)
+    if axis == "dtype" and any(v not in DTYPES for v in values):
+        raise _fail(path, f"{where}{axis}", f"dtypes among {', '.join(DTYPES)}", raw)
     return tuple(dict.fromkeys(values))
 
 
@@ -183,7 +188,8 @@ def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:
 def _tolerances(path: Path, raw) -> dict:
     if raw is None:
         return {}
-    _check_keys(path, raw, set(REL_TOL), "tolerances.")
+    # keys are run dtypes; tf32 is a matmul precision, not a dtype a case can ceil
+    _check_keys(path, raw, set(DTYPES), "tolerances.")
     out = {}
     for dtype, value in raw.items():
         # the check judges nodes at the default; a case may only tighten it
@@ -243,14 +249,14 @@ def _positive(path: Path, doc: dict, key: str, default: int, minimum: int = 1) -
 
 def validate_faults(case: Case) -> None:
     """Every fault named in the case is registered and can show under its settings."""
-    from harness.faults import FAULTS, why_cannot_show
-    import harness.faults.catalog  # noqa: F401  (registers the catalog)
+    from harness.faults.registry import catalog, why_cannot_show
+    faults = catalog()
     vocab = model_vocab(case.base.model)
     named = [(f"matrix[{i}].fault", m.fault, m) for i, m in enumerate(case.matrix) if m.fault]
     named += [(f"faults[{i}].name", f.name, f.under) for i, f in enumerate(case.faults)]
     for key, name, m in named:
-        if name not in FAULTS:
-            raise _fail(case.path, key, f"a registered fault ({', '.join(sorted(FAULTS))})", name)
+        if name not in faults:
+            raise _fail(case.path, key, f"a registered fault ({', '.join(sorted(faults))})", name)
         for s in m.settings(case.base):
             reason = why_cannot_show(name, s, vocab)
             if reason:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from harness.cases import Case, model_vocab
 from harness.report.model import describe_first
-from harness.sweep import SettingJob, SettingResult
+from harness.sweep import SettingJob, SettingResult, short_label
 
 
 @dataclass(frozen=True)
@@ -26,17 +26,17 @@ class Verdict:
 
 
 def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
-    """The jobs of every case: matrix settings, then expected faults.
-    `inject` switches a fault on over every matrix setting where it can show."""
+    """The jobs of every case: matrix settings (each distinct setting once, in
+    file order), then expected faults. `inject` switches a fault on over every
+    matrix setting where it can show."""
     from harness.faults import why_cannot_show
     jobs: list[SettingJob] = []
     for case in cases:
         vocab = model_vocab(case.base.model)
-        for m in case.matrix:
-            for s in m.settings(case.base):
-                if inject and not s.fault and not why_cannot_show(inject, s, vocab):
-                    s = replace(s, fault=inject)  # where it cannot show, the setting runs fault-free
-                jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, m.label))
+        for s, label in case.labelled_settings():
+            if inject and not s.fault and not why_cannot_show(inject, s, vocab):
+                s = replace(s, fault=inject)  # where it cannot show, the setting runs fault-free
+            jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, label))
         for f in case.faults:
             for s in f.under.settings(case.base):
                 jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, f"fault {f.name}", f.name))
@@ -44,12 +44,12 @@ def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
 
 
 def judge(cases: list[Case], jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]:
-    from harness.faults import FAULTS
+    from harness.faults.registry import catalog
     tolerances = {c.name: c.tolerances for c in cases}
     out = []
     for job, r in zip(jobs, results):
         s = job.settings
-        name = f"{job.label}: {_short(job)}"
+        name = f"{job.label}: {short_label(s)}"
         first = describe_first(r.summary)
         explanation = (r.localize or {}).get("explanation") or r.summary.get("explanation")
         if job.expect_fault is None:
@@ -62,24 +62,17 @@ def judge(cases: list[Case], jobs: list[SettingJob], results: list[SettingResult
                 passed, msg = False, f"max rel. error {err:.2e} over the case's {s.dtype} ceiling {ceiling:.0e}"
             out.append(Verdict(job.case, "setting", name, r.setting, passed, msg, r.wall_s))
             continue
-        fault = FAULTS[job.expect_fault]
+        fault = catalog()[job.expect_fault]
         named = (r.localize or {}).get("fault_class") or r.summary.get("fault_class")
         if r.passed:
             passed, msg = False, f"expected fault {fault.name} not caught: every node matched ({fault.breaks})"
-        elif named is not None and named != fault.expected_class:
+        elif named != fault.expected_class:  # None: the run crashed or was not localized
             passed, msg = False, (f"fault {fault.name} caught ({first}) but named {named!r}, "
                                   f"expected {fault.expected_class!r}")
         else:
             passed, msg = True, f"caught: {first}" + (f"; {explanation}" if explanation else "")
         out.append(Verdict(job.case, "fault", name, r.setting, passed, msg, r.wall_s))
     return out
-
-
-def _short(job: SettingJob) -> str:
-    s = job.settings
-    fault = f" fault={s.fault}" if s.fault else ""
-    return (f"budget={s.budget} topk={s.topk} graph={'on' if s.cuda_graph else 'off'} backend={s.backend} "
-            f"batch={s.batch} dtype={s.dtype}{fault}")
 
 
 def junit_xml(verdicts: list[Verdict], wall_s: float) -> str:

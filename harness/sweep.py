@@ -13,12 +13,13 @@ import os
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
 from harness.records import RecordWriter
+from harness.report.model import expected_fault_caught
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings
 
 
@@ -32,17 +33,32 @@ class SettingJob:
     expect_fault: str | None = None  # set when the gate expects this run to be caught
 
     @property
-    def short(self) -> str:
-        s = self.settings
-        fault = f" +{s.fault}" if s.fault else ""
-        return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
-                f"{s.dtype}{fault}")
-
-    @property
     def cost(self) -> int:
         """Rough relative cost, to start the slow settings first."""
         slow_backend = 4 if self.settings.backend != "torch" else 1
         return self.settings.batch * (self.settings.budget + 1) * slow_backend
+
+
+def short_label(s: RunSettings) -> str:
+    """The matrix axes of a setting in one line (tables, progress lines, JUnit names)."""
+    fault = f" +{s.fault}" if s.fault else ""
+    return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
+            f"{s.dtype}{fault}")
+
+
+def on_device(jobs: list[SettingJob], device: str) -> list[SettingJob]:
+    """Every job's settings moved to `device` (case files do not name one)."""
+    return [replace(j, settings=replace(j.settings, device=device)) for j in jobs]
+
+
+def verdict(job: SettingJob, r: SettingResult) -> str:
+    """The table's verdict: error | pass | DIVERGE, or for an expected fault
+    caught (diverged and named as its catalog entry says) | MISSED."""
+    if r.usage_error:
+        return "error"
+    if job.expect_fault:
+        return "caught" if expected_fault_caught(r.summary) else "MISSED"
+    return "pass" if r.passed else "DIVERGE"
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,7 @@ class SettingResult:
 def run_job(job: SettingJob) -> SettingResult:
     """One setting, in this process. Usage errors come back as data; an
     exception inside the engine is a failing setting (a crash is a finding)."""
-    from harness.check import check, prepare
+    from harness.check import CheckSummary, check, prepare, summary_record
     from harness.cli.common import USAGE_ERRORS
     t0 = time.perf_counter()
     s = job.settings
@@ -77,8 +93,11 @@ def run_job(job: SettingJob) -> SettingResult:
     except Exception as e:  # noqa: BLE001  (the engine under test crashed)
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         writer.lines = [ln for ln in writer.lines if json.loads(ln)["kind"] != "summary"]
-        writer.write({"kind": "summary", "setting": s.command(), "passed": False, "settings": s.to_dict(),
-                      "first": None, "notes": [], "error": last})
+        writer.write({**summary_record(s, CheckSummary(setting=s.command())), "passed": False, "error": last})
+    if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
+        last_line = json.loads(writer.lines.pop())
+        assert last_line["kind"] == "summary", "check() writes the summary last"
+        writer.write({**last_line, "expect_fault": job.expect_fault})
     records = [json.loads(ln) for ln in writer.lines]
     summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
     localize = next((r for r in records if r["kind"] == "localize"), None)
@@ -162,6 +181,6 @@ def summary_frame(jobs: list[SettingJob], results: list[SettingResult]):
                      "divergent": m.get("divergent_nodes", 0), "near_ties": m.get("near_ties", 0),
                      "max_rel_err": m.get("max_rel_err", float("nan")),
                      "first_divergence": r.usage_error or describe_first(m),
-                     "verdict": "error" if r.usage_error else ("pass" if r.passed else "DIVERGE"),
+                     "verdict": verdict(j, r),
                      "seconds": round(r.wall_s, 1)})
     return pd.DataFrame(rows)

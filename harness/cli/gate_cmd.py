@@ -36,23 +36,23 @@ def gate(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write a JSON summary"),
     out: Path = typer.Option(Path("reports/gate.jsonl"), help="the records of every setting"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
+    device: str = typer.Option("auto", help="auto, cpu or cuda: where every setting runs"),
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.cases import DEFAULT_CASE, load_case
-    from harness.cli.sweep_cmd import first_usage_error, print_frame, run_with_progress
+    from harness.cli.sweep_cmd import first_usage_error, pick_case_device, print_frame, run_with_progress
     from harness.gate import json_summary, judge, junit_xml, plan
-    from harness.sweep import default_jobs, validate, write_jsonl
+    from harness.faults.registry import catalog
+    from harness.sweep import default_jobs, on_device, validate, write_jsonl
     t0 = time.perf_counter()
     try:
         if jobs < 0:
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
-        if fault is not None:
-            from harness.faults import FAULTS
-            import harness.faults.catalog  # noqa: F401  (registers)
-            if fault not in FAULTS:
-                raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
+        if fault is not None and fault not in catalog():
+            raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
+        on = pick_case_device(device)
         loaded = [load_case(p) for p in (case_files or [DEFAULT_CASE])]
-        job_list = plan(loaded, fault)
+        job_list = on_device(plan(loaded, fault), on)
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
@@ -80,3 +80,4 @@ def gate(
                f"expected faults, {len(failed)} failing, in {wall:.1f} s on {jobs or default_jobs()} jobs; "
                f"records {out}")
     raise typer.Exit(1 if failed else 0)
+

@@ -47,7 +47,8 @@ SCRIPT = """
   mark();
   var counts = {
     gridCells: drawn('#grid a.cell'),
-    failingCells: drawn('#grid a.cell.st-diverge'),
+    failingCells: drawn('#grid a.cell.st-diverge, #grid a.cell.st-missed'),
+    caughtCells: drawn('#grid a.cell.st-caught'),
     heatmaps: drawn('svg.heatmap'),
     heatmapCells: drawn('svg.heatmap rect.hm-cell'),
     leakedCells: drawn('svg.heatmap[data-which="effective"] rect.leaked'),
@@ -83,7 +84,8 @@ table.grid th.row-label { text-align: left; font-weight: 500; white-space: nowra
 a.cell { display: inline-block; min-width: 46px; padding: 6px 4px; margin: 1px; border-radius: 3px;
          text-decoration: none; color: #fff; font-weight: 600; }
 .st-pass { background: #2e9d52; } .st-near-tie { background: #d39b1c; } .st-diverge { background: #c62f2f; }
-.st-incomplete { background: #7d8791; }
+.st-incomplete { background: #7d8791; } .st-caught { background: #2f6db3; } .st-missed { background: #7b1d5e; }
+section.setting.st-caught { border-left-color: #2f6db3; } section.setting.st-missed { border-left-color: #7b1d5e; }
 section.setting { background: none; border: 1px solid #d5dbe1; border-left-width: 6px; border-radius: 4px;
                   padding: 12px 16px; margin: 12px 0; }
 section.setting.st-pass { border-left-color: #2e9d52; } section.setting.st-diverge { border-left-color: #c62f2f; }
@@ -126,7 +128,8 @@ svg.chart circle.pt.hollow { fill: none; stroke: #7d8791; } svg.chart circle.pt.
 """
 
 LEGEND = ('<p class="legend"><span class="st-pass">pass</span> <span class="st-near-tie">pass, near ties</span> '
-          '<span class="st-diverge">diverge</span> <span class="st-incomplete">incomplete</span> '
+          '<span class="st-diverge">diverge</span> <span class="st-caught">expected fault caught</span> '
+          '<span class="st-missed">expected fault missed</span> <span class="st-incomplete">incomplete</span> '
           '&nbsp;cell text: nodes checked (divergent/checked when failing); click a cell for its details</p>')
 
 

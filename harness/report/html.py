@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.report import assets
-from harness.report.model import SettingView, describe_first, group
+from harness.report.model import BAD_STATUSES, SettingView, describe_first, group
 from harness.report.svg import esc, heatmap, layer_chart, node_error_chart, tree
 
 GRID_COLS = ("budget", "topk")
@@ -31,11 +31,15 @@ def write_report(record_paths: list[Path], out: Path) -> None:
 
 
 def render(views: list[SettingView], sources: list[str]) -> str:
-    failing = [v for v in views if v.status == "diverge"]
+    failing = [v for v in views if v.status in BAD_STATUSES]
     full = len(views) <= FULL_DETAIL_LIMIT
+    n = {st: sum(v.status == st for v in views) for st in ("caught", "diverge", "missed", "incomplete")}
     head = (f"{len(views)} setting{'s' * (len(views) != 1)}: "
-            f"{sum(v.status in ('pass', 'near-tie') for v in views)} pass, {len(failing)} diverge, "
-            f"{sum(v.status == 'incomplete' for v in views)} incomplete")
+            f"{sum(v.status in ('pass', 'near-tie') for v in views)} pass, "
+            + (f"{n['caught']} expected faults caught, " if n["caught"] else "")
+            + f"{n['diverge']} diverge, "
+            + (f"{n['missed']} expected faults missed, " if n["missed"] else "")
+            + f"{n['incomplete']} incomplete")
     body = [f'<header><h1>ddcheck report</h1><p class="verdict {"bad" if failing else "good"}">{esc(head)}</p>'
             f'<p class="sources">records: {esc(", ".join(sources))}</p></header>',
             '<section id="grid-section"><h2>Setting matrix</h2>', grid(views), assets.LEGEND, "</section>",
@@ -90,7 +94,7 @@ def _cell_text(v: SettingView) -> str:
     m = v.summary or {}
     if v.status == "incomplete":
         return "?"
-    if v.status == "diverge":
+    if not m.get("passed"):
         return f"{m.get('divergent_nodes', 0)}/{m.get('nodes_checked', 0)}"
     return f"{m.get('nodes_checked', 0)}"
 

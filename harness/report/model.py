@@ -31,12 +31,8 @@ class SettingView:
 
     @property
     def status(self) -> str:
-        """pass | near-tie | diverge | incomplete"""
-        if self.summary is None:
-            return "incomplete"
-        if not self.summary.get("passed"):
-            return "diverge"
-        return "near-tie" if self.summary.get("near_ties") else "pass"
+        """pass | near-tie | caught | diverge | missed | incomplete (see `status_of`)"""
+        return "incomplete" if self.summary is None else status_of(self.summary)
 
     @property
     def tolerance(self) -> float | None:
@@ -47,6 +43,32 @@ class SettingView:
         if (self.summary or {}).get("tolerance") is not None:
             return float(self.summary["tolerance"])
         return REL_TOL.get(self.settings.get("dtype", ""))
+
+
+BAD_STATUSES = ("diverge", "missed")
+
+
+def status_of(summary: dict) -> str:
+    """A summary record's status. A run without `expect_fault`: pass,
+    near-tie (passed, some argmax flipped within tolerance) or diverge. A run
+    the gate expected to fail (`expect_fault` set): caught when it diverged
+    and the localizer named the fault's catalog class, else missed (bad)."""
+    name = summary.get("expect_fault")
+    if name:
+        return "caught" if expected_fault_caught(summary) else "missed"
+    if not summary.get("passed"):
+        return "diverge"
+    return "near-tie" if summary.get("near_ties") else "pass"
+
+
+def expected_fault_caught(summary: dict) -> bool:
+    """Diverged, and named as the expected fault's catalog entry says."""
+    name = summary.get("expect_fault")
+    if not name or summary.get("passed"):
+        return False
+    from harness.faults.registry import catalog  # imported only for expected-fault records (it imports torch)
+    fault = catalog().get(name)
+    return fault is not None and summary.get("fault_class") == fault.expected_class
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -46,6 +46,14 @@ def test_good_case_expands_its_matrix(tmp_path):
     assert case.faults[0].under.settings(case.base)[0].fault == "padded-kv-visible"
 
 
+def test_overlapping_matrix_tables_run_each_setting_once_under_the_first_label(tmp_path):
+    text = GOOD.replace("[[faults]]", '[[matrix]]\nlabel = "again"\nbudget = [16, 32]\n[[faults]]')
+    case = load_case(_write(tmp_path, text))
+    labelled = [(s.budget, label) for s, label in case.labelled_settings()]
+    assert labelled == [(8, "matrix-0"), (16, "matrix-0"), (32, "again")]
+    assert [s.budget for s in case.settings()] == [8, 16, 32]
+
+
 MALFORMED = [
     ("budget = [8, 16]", 'budget = ["x"]', "matrix[0].budget", "positive integers"),
     ("topk = 1", "topk = 0", "matrix[0].topk", "positive integers"),
@@ -56,6 +64,8 @@ MALFORMED = [
     ('model = "tiny"', 'model = "tiny"\nbogus = 1', "bogus", "unknown key"),
     ("max_new_tokens = 4", "max_new_tokens = 0", "max_new_tokens", "integer >= 1"),
     ("topk = 1", 'topk = 1\ndtype = "float8"', "matrix[0].dtype", "dtypes among"),
+    ("topk = 1", 'topk = 1\ndtype = ["float32", "tf32"]', "matrix[0].dtype", "dtypes among"),
+    ("[[prompts]]", "[tolerances]\ntf32 = 1e-3\n[[prompts]]", "tolerances.tf32", "unknown key"),
     ("[[prompts]]", "[tolerances]\nfloat32 = 0.5\n[[prompts]]", "tolerances.float32", "(the default)"),
     ("budget = 16\n", "budget = 4\ntopk = 4\n", "faults[0].name", "settings where it can show"),
 ]

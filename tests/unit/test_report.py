@@ -48,6 +48,26 @@ def test_without_a_localize_record_the_grid_and_node_chart_still_render(tmp_path
     assert "svg class=\"heatmap\"" not in html
 
 
+def _expected(passed: bool, fault_class: str | None, setting: str = SETTING) -> dict:
+    return {**summary(setting, passed), "fault_class": fault_class, "expect_fault": "padded-kv-visible"}
+
+
+def test_a_caught_expected_fault_is_its_own_status_not_a_failure(tmp_path):
+    records = failing_records()[:-1] + [_expected(False, "padding-leak")]
+    records.append(summary("ddcheck run --budget 4", True, budget=4, fault=None))
+    html = _render(tmp_path, records)
+    assert re.findall(r'<a class="cell st-([\w-]+)"', html) == ["caught", "pass"]
+    assert 'class="verdict good"' in html and "1 pass, 1 expected faults caught, 0 diverge" in html
+    assert '<span class="st-caught">expected fault caught</span>' in html and ".st-caught {" in html
+
+
+def test_an_expected_fault_missed_or_misnamed_is_bad(tmp_path):
+    for records in ([_expected(True, None)], failing_records()[:-1] + [_expected(False, "mask-shift")]):
+        html = _render(tmp_path, records)
+        assert re.findall(r'<a class="cell st-([\w-]+)"', html) == ["missed"]
+        assert 'class="verdict bad"' in html and "1 expected faults missed" in html
+
+
 def test_text_is_escaped(tmp_path):
     evil = '<script>alert("x")</script>'
     html = _render(tmp_path, failing_records(setting=f"ddcheck run {evil}", explanation=evil))

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.sweep_cmd import parse_list
+from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case
 from harness.runner.settings import RunSettings, UsageError
-from harness.sweep import SettingJob, run_jobs, summary_frame, write_jsonl
+from harness.sweep import SettingJob, SettingResult, run_jobs, summary_frame, verdict, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,8 @@ def test_parse_list():
 def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
     base = RunSettings(backend="torch", max_new_tokens=2)
     jobs = [SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2)),
-            SettingJob(1, RunSettings(budget=16, backend="torch", max_new_tokens=2, fault="padded-kv-visible")),
+            SettingJob(1, RunSettings(budget=16, backend="torch", max_new_tokens=2, fault="padded-kv-visible"),
+                       expect_fault="padded-kv-visible"),
             SettingJob(2, base)]
     seen = []
     results = run_jobs(jobs, 2, lambda job, r: seen.append(job.index))
@@ -38,9 +39,10 @@ def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     summaries = [r for r in records if r["kind"] == "summary"]
     assert [s["setting"] for s in summaries] == [j.settings.command() for j in jobs]
+    assert [s.get("expect_fault") for s in summaries] == [None, "padded-kv-visible", None]
     assert all(r.get("setting") or r["kind"] == "localize" for r in records)
     df = summary_frame(jobs, results)
-    assert list(df["verdict"]) == ["pass", "DIVERGE", "pass"]
+    assert list(df["verdict"]) == ["pass", "caught", "pass"]  # the expected fault, named padding-leak
     assert df.loc[1, "divergent"] > 0 and df.loc[1, "first_divergence"].startswith("step 0")
     assert (df["nodes"] > 0).all()
 
@@ -70,22 +72,60 @@ def _ddcheck(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_an_engine_that_raises_is_a_failing_setting_not_a_crash():
+def test_an_engine_that_raises_is_a_failing_setting_not_a_crash(monkeypatch):
     from dataclasses import replace
 
-    from harness.faults import FAULTS
-    from harness.faults.registry import Fault, register
+    from harness.faults.registry import Fault, catalog
 
     def boom(trees, prefix_lens):
         raise IndexError("mask buffer too short")
 
-    register(Fault("test-raises", "raises in build_mask", "always", "none",
-                   lambda p: replace(p, build_mask=boom), lambda s, v: True))
-    try:
-        job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2, fault="test-raises"))
-        (r,) = run_jobs([job], 1)
-    finally:
-        del FAULTS["test-raises"]
+    monkeypatch.setitem(catalog(), "test-raises", Fault("test-raises", "raises in build_mask", "always", "unexplained",
+                                                      lambda p: replace(p, build_mask=boom), lambda s, v: True))
+    job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2, fault="test-raises"),
+                     expect_fault="test-raises")
+    (r,) = run_jobs([job], 1)
     assert not r.passed and r.usage_error is None
     assert r.summary["error"] == "IndexError: mask buffer too short"
     assert json.loads(r.lines[-1])["kind"] == "summary"
+    # the crash summary carries every documented count (docs/RECORDS.md) and the gate's expectation
+    for key in ("nodes_checked", "divergent_nodes", "near_ties", "padding_rows", "steps", "stream_mismatches",
+                "accept_mismatches", "max_rel_err", "tolerance", "fault_class", "explanation", "schema"):
+        assert key in r.summary, key
+    assert r.summary["expect_fault"] == "test-raises" and r.summary["passed"] is False
+    assert verdict(job, r) == "MISSED"  # crashed, not named as its class: not a caught fault
+
+
+def _result(summary: dict, usage_error: str | None = None) -> SettingResult:
+    return SettingResult(0, "ddcheck run", summary, None, (), 0.1, usage_error)
+
+
+def test_verdict_tells_a_caught_expected_fault_from_a_divergence():
+    plain = SettingJob(0, RunSettings(budget=16))
+    expected = SettingJob(0, RunSettings(budget=16, fault="padded-kv-visible"), expect_fault="padded-kv-visible")
+    caught = {"passed": False, "fault_class": "padding-leak", "expect_fault": "padded-kv-visible"}
+    assert verdict(expected, _result(caught)) == "caught"
+    assert verdict(plain, _result({"passed": False, "fault_class": "padding-leak"})) == "DIVERGE"
+    assert verdict(expected, _result({**caught, "fault_class": "mask-shift"})) == "MISSED"
+    assert verdict(expected, _result({**caught, "passed": True})) == "MISSED"
+    assert verdict(plain, _result({"passed": True})) == "pass"
+    assert verdict(plain, _result({}, "bad backend")) == "error"
+
+
+def test_sweep_case_rejects_the_flags_a_case_sets_and_applies_device(tmp_path):
+    case = tmp_path / "c.toml"
+    case.write_text('max_new_tokens = 2\n[[matrix]]\nbudget = [8, 16]\nbackend = "torch"\n')
+    none = dict.fromkeys(("budget", "topk", "cuda_graph", "backend", "batch", "dtype"))
+    jobs = plan_case(case, none, dict(CASE_OWNED), "cpu", None)
+    assert [(j.settings.budget, j.settings.device, j.settings.max_new_tokens) for j in jobs] == \
+        [(8, "cpu", 2), (16, "cpu", 2)]
+    for key, value in (("max_new_tokens", 4), ("block_size", 4), ("model", "small"), ("seed", 1),
+                       ("accept", "sglang")):
+        flag = "--" + key.replace("_", "-")
+        with pytest.raises(UsageError, match=f"^{flag} cannot be combined with --case"):
+            plan_case(case, none, {**CASE_OWNED, key: value}, "auto", None)
+    with pytest.raises(UsageError, match="--device must be auto, cpu or cuda"):
+        plan_case(case, none, dict(CASE_OWNED), "tpu", None)
+    out = tmp_path / "s.jsonl"
+    r = _ddcheck("sweep", "--case", str(case), "--seed", "3", "--out", str(out))
+    assert r.returncode == 2 and "--seed cannot be combined with --case" in r.stderr and not out.exists()
