@@ -97,7 +97,9 @@ def run_job(job: SettingJob) -> SettingResult:
     if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
         last_line = json.loads(writer.lines.pop())
         assert last_line["kind"] == "summary", "check() writes the summary last"
-        writer.write({**last_line, "expect_fault": job.expect_fault})
+        from harness.faults.registry import catalog
+        writer.write({**last_line, "expect_fault": job.expect_fault,
+                      "expect_class": catalog()[job.expect_fault].expected_class})
     records = [json.loads(ln) for ln in writer.lines]
     summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
     localize = next((r for r in records if r["kind"] == "localize"), None)

@@ -49,7 +49,8 @@ def test_without_a_localize_record_the_grid_and_node_chart_still_render(tmp_path
 
 
 def _expected(passed: bool, fault_class: str | None, setting: str = SETTING) -> dict:
-    return {**summary(setting, passed), "fault_class": fault_class, "expect_fault": "padded-kv-visible"}
+    return {**summary(setting, passed), "fault_class": fault_class, "expect_fault": "padded-kv-visible",
+            "expect_class": "padding-leak"}
 
 
 def test_a_caught_expected_fault_is_its_own_status_not_a_failure(tmp_path):

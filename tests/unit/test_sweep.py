@@ -103,7 +103,8 @@ def _result(summary: dict, usage_error: str | None = None) -> SettingResult:
 def test_verdict_tells_a_caught_expected_fault_from_a_divergence():
     plain = SettingJob(0, RunSettings(budget=16))
     expected = SettingJob(0, RunSettings(budget=16, fault="padded-kv-visible"), expect_fault="padded-kv-visible")
-    caught = {"passed": False, "fault_class": "padding-leak", "expect_fault": "padded-kv-visible"}
+    caught = {"passed": False, "fault_class": "padding-leak", "expect_fault": "padded-kv-visible",
+              "expect_class": "padding-leak"}
     assert verdict(expected, _result(caught)) == "caught"
     assert verdict(plain, _result({"passed": False, "fault_class": "padding-leak"})) == "DIVERGE"
     assert verdict(expected, _result({**caught, "fault_class": "mask-shift"})) == "MISSED"
