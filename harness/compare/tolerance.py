@@ -10,7 +10,9 @@ CUDA graphs, over the fault-free matrix (48 settings, 16374 nodes;
 benchmarks/results/gpu-h200.json, command in benchmarks/README.md): per-node
 rel. error p50 8.2e-3, p99 1.4e-2, p99.9 1.7e-2, max 2.0e-2. 4e-2 is twice
 that maximum and 13x under the smallest padded-kv-visible error there (0.52).
-float16: not measured on the GPU yet.
+float16: measured the same way (benchmarks/results/gpu-h200-float16.json,
+14210 nodes, 48/48 settings): p50 1.0e-3, p99 1.9e-3, max 2.7e-3; 1e-2 is
+3.7x that maximum and 50x under the smallest padded-kv-visible error (0.52).
 tf32: a float32 run whose backend multiplies in TF32 (Triton's float32
 tl.dot defaults to TF32 on CUDA, so SGLang's kernel does on the GPU; not
 under the interpreter). gpu-h200.json's float32_baseline shows per-node
