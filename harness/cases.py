@@ -1,5 +1,5 @@
 """Scenarios as TOML files (cases/*.toml): a model, prompts, a setting matrix,
-faults that must be caught, and tolerance ceilings. Parsing is strict: a bad
+faults that must be caught, and per-dtype tolerances. Parsing is strict: a bad
 key is a CaseError (a usage error, exit 2) naming the file, the key and what
 was expected, in one line.
 
@@ -30,7 +30,7 @@ was expected, in one line.
     budget = 16
     topk = 1
 
-    [tolerances]                       # optional ceilings on a setting's max rel. error, per dtype
+    [tolerances]                       # optional: the relative tolerance nodes are judged at, per dtype
     float32 = 1e-5
 """
 from __future__ import annotations
@@ -41,7 +41,6 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from harness.compare.tolerance import REL_TOL
 from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, PromptSpec, RunSettings, UsageError
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
@@ -89,7 +88,7 @@ class Case:
     prompts: tuple[PromptSpec, ...]
     matrix: tuple[Matrix, ...]
     faults: tuple[ExpectedFault, ...]
-    tolerances: dict             # dtype -> ceiling on max rel. error
+    tolerances: dict             # dtype -> relative tolerance the nodes are judged at
 
     def settings(self) -> list[RunSettings]:
         """The fault-free (or fault-injected) matrix, deduplicated, in file order."""
@@ -100,8 +99,12 @@ class Case:
         out: dict[RunSettings, str] = {}
         for m in self.matrix:
             for s in m.settings(self.base):
-                out.setdefault(s, m.label)
+                out.setdefault(self.with_tolerance(s), m.label)
         return list(out.items())
+
+    def with_tolerance(self, s: RunSettings) -> RunSettings:
+        """The case's tolerance for the setting's dtype, when it names one."""
+        return replace(s, tolerance=self.tolerances.get(s.dtype, s.tolerance))
 
     def one_line(self) -> str:
         faults = ", ".join(f.name for f in self.faults) or "none"
@@ -192,11 +195,11 @@ def _tolerances(path: Path, raw) -> dict:
     _check_keys(path, raw, set(DTYPES), "tolerances.")
     out = {}
     for dtype, value in raw.items():
-        # the check judges nodes at the default; a case may only tighten it
-        ceiling = _get(path, raw, dtype, "tolerances.", float, None, f"a number in (0, {REL_TOL[dtype]}]")
-        if not 0.0 < ceiling <= REL_TOL[dtype]:
-            raise _fail(path, f"tolerances.{dtype}", f"a number in (0, {REL_TOL[dtype]}] (the default)", ceiling)
-        out[dtype] = ceiling
+        # the nodes of this dtype are judged at this tolerance instead of the default
+        value = _get(path, raw, dtype, "tolerances.", float, None, "a number in (0, 1)")
+        if not 0.0 < value < 1.0:
+            raise _fail(path, f"tolerances.{dtype}", "a number in (0, 1)", value)
+        out[dtype] = value
     return out
 
 

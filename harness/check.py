@@ -65,8 +65,11 @@ class Prepared:
 
     @property
     def tolerance(self) -> float:
-        """Relative logit tolerance for this run: by dtype, and by what the
-        backend multiplies in (TF32 for SGLang's kernel on CUDA in float32)."""
+        """Relative logit tolerance for this run: the settings' own if given,
+        else by dtype and by what the backend multiplies in (TF32 for SGLang's
+        kernel on CUDA in float32)."""
+        if self.settings.tolerance is not None:
+            return self.settings.tolerance
         return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
 
 

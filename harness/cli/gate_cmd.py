@@ -61,7 +61,7 @@ def gate(
     if err:
         fail_usage(UsageError(err))
     wall = time.perf_counter() - t0
-    verdicts = judge(loaded, job_list, results)
+    verdicts = judge(job_list, results)
     write_jsonl(results, out)
     for path, text in ((junit, junit_xml(verdicts, wall) if junit else ""),
                        (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):

@@ -38,6 +38,7 @@ def run(
     fault: Optional[str] = typer.Option(None, help="switch on a named fault (`ddcheck faults`)"),
     accept: str = typer.Option("walk", help="acceptance stage: walk or sglang"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    tolerance: Optional[float] = typer.Option(None, help="relative logit tolerance (default: the dtype's, see docs)"),
     out: Optional[Path] = typer.Option(None, help="JSONL records (default reports/run-<setting>.jsonl)"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
 ) -> None:
@@ -46,7 +47,8 @@ def run(
     try:
         s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
-                        seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device))
+                        seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
+                        tolerance=tolerance)
         prepared = prepare(s)
     except USAGE_ERRORS as e:
         fail_usage(e)

@@ -27,6 +27,7 @@ class RunSettings:
     fault: str | None = None
     accept: str = "walk"
     device: str = "cpu"
+    tolerance: float | None = None  # relative logit tolerance; None: the dtype's (compare/tolerance.py)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -35,7 +36,9 @@ class RunSettings:
                   (self.batch >= 1, f"--batch must be >= 1, got {self.batch}"),
                   (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
                   (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
-                  (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}")]
+                  (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
+                  (self.tolerance is None or 0.0 < self.tolerance < 1.0,
+                   f"--tolerance must be in (0, 1), got {self.tolerance}")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -58,6 +61,8 @@ class RunSettings:
                  f"--batch {self.batch}", f"--max-new-tokens {self.max_new_tokens}",
                  f"--block-size {self.block_size}", f"--model {self.model}", f"--seed {self.seed}",
                  f"--dtype {self.dtype}", f"--accept {self.accept}", f"--device {self.device}"]
+        if self.tolerance is not None:
+            parts.append(f"--tolerance {self.tolerance:g}")
         if self.fault:
             parts.append(f"--fault {self.fault}")
         return " ".join(parts)

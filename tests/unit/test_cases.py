@@ -66,7 +66,7 @@ MALFORMED = [
     ("topk = 1", 'topk = 1\ndtype = "float8"', "matrix[0].dtype", "dtypes among"),
     ("topk = 1", 'topk = 1\ndtype = ["float32", "tf32"]', "matrix[0].dtype", "dtypes among"),
     ("[[prompts]]", "[tolerances]\ntf32 = 1e-3\n[[prompts]]", "tolerances.tf32", "unknown key"),
-    ("[[prompts]]", "[tolerances]\nfloat32 = 0.5\n[[prompts]]", "tolerances.float32", "(the default)"),
+    ("[[prompts]]", "[tolerances]\nfloat32 = 0\n[[prompts]]", "tolerances.float32", "a number in (0, 1)"),
     ("budget = 16\n", "budget = 4\ntopk = 4\n", "faults[0].name", "settings where it can show"),
 ]
 
@@ -112,3 +112,17 @@ def _write(tmp_path: Path, text: str) -> Path:
 def _ddcheck(*args):
     return subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
+
+
+@pytest.mark.parametrize("tol, passes", [(1e-9, False), (2e-2, True)])
+def test_case_tolerance_is_what_the_nodes_are_judged_at(tmp_path, tol, passes):
+    """[tolerances] sets the relative tolerance of that dtype's runs, tighter or looser than the default."""
+    from harness.check import check, prepare
+    from harness.records import RecordWriter
+    case = load_case(_write(tmp_path, GOOD + f"[tolerances]\nfloat32 = {tol}\n"))
+    settings = case.settings()
+    assert settings and all(s.tolerance == tol for s in settings)
+    s = settings[0]
+    assert f"--tolerance {tol:g}" in s.command()
+    summary = check(prepare(s), RecordWriter(None), localize=False)
+    assert summary.tolerance == tol and summary.passed is passes

@@ -83,12 +83,12 @@ def test_expected_fault_not_caught_fails_the_gate(tmp_path):
     jobs = plan([case])
     clean = {"passed": True, "max_rel_err": 1e-7, "first": None}
     results = [SettingResult(j.index, j.settings.command(), clean, None, (), 0.1) for j in jobs]
-    verdicts = judge([case], jobs, results)
+    verdicts = judge(jobs, results)
     assert [v.passed for v in verdicts] == [True, True, False]
     assert "not caught" in verdicts[2].message
     misnamed = results[:2] + [SettingResult(2, "x", {"passed": False, "first": None}, {"fault_class": "mask-shift"},
                                             (), 0.1)]
-    v = judge([case], jobs, misnamed)[2]
+    v = judge(jobs, misnamed)[2]
     assert not v.passed and "named 'mask-shift'" in v.message
     xml = ET.fromstring(junit_xml(verdicts, 1.0))
     assert xml.get("failures") == "1" and "not caught" in xml.find(".//failure").get("message")
@@ -100,7 +100,7 @@ def test_an_expected_fault_that_crashed_unlocalized_is_not_caught(tmp_path):
     clean = {"passed": True, "max_rel_err": 1e-7, "first": None}
     crash = {"passed": False, "first": None, "error": "IndexError: x", "fault_class": None}
     results = [SettingResult(j.index, j.settings.command(), clean, None, (), 0.1) for j in jobs[:2]]
-    v = judge([case], jobs, results + [SettingResult(2, "x", crash, None, (), 0.1)])[2]
+    v = judge(jobs, results + [SettingResult(2, "x", crash, None, (), 0.1)])[2]
     assert not v.passed and "named None" in v.message
 
 
@@ -156,7 +156,7 @@ def test_judge_finds_the_catalog_without_it_being_imported_first():
             "j = SettingJob(0, RunSettings(fault='padded-kv-visible'), case='c', label='f', "
             "expect_fault='padded-kv-visible');"
             "r = SettingResult(0, 'x', {'passed': False, 'fault_class': 'padding-leak'}, None, (), 0.1);"
-            "print(judge([], [j], [r])[0].passed)")
+            "print(judge([j], [r])[0].passed)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
