@@ -82,12 +82,17 @@ def test_engine_cross_check_passes_when_both_agree(accept):
     assert not [line for line in writer.lines if '"kind": "accept"' in line]
 
 
-def test_broken_link_builder_is_caught_as_an_accept_record(monkeypatch):
+def _run_with_broken_links(monkeypatch):
+    """A wide-tree run whose SGLang link builder drops siblings; the walk drives it."""
     monkeypatch.setattr(accept_sglang, "build_links", drop_siblings)
     s = RunSettings(budget=16, topk=4, backend="torch", batch=2, max_new_tokens=16, accept="walk")
     writer = RecordWriter(None)
     summary = check(prepare(s), writer)
-    records = [__import__("json").loads(line) for line in writer.lines]
+    return summary, [__import__("json").loads(line) for line in writer.lines]
+
+
+def test_broken_link_builder_is_caught_as_an_accept_record(monkeypatch):
+    summary, records = _run_with_broken_links(monkeypatch)
     accepts = [r for r in records if r["kind"] == "accept"]
     assert accepts and summary.accept_mismatches == len(accepts)
     assert not summary.passed and records[-1]["kind"] == "summary" and records[-1]["passed"] is False
@@ -99,11 +104,7 @@ def test_broken_link_builder_is_caught_as_an_accept_record(monkeypatch):
 
 def test_accept_only_divergence_is_first_and_localized(monkeypatch):
     """A run that diverges only in acceptance names that step as its first divergence and localizes it."""
-    monkeypatch.setattr(accept_sglang, "build_links", drop_siblings)
-    s = RunSettings(budget=16, topk=4, backend="torch", batch=2, max_new_tokens=16, accept="walk")
-    writer = RecordWriter(None)
-    summary = check(prepare(s), writer)
-    records = [__import__("json").loads(line) for line in writer.lines]
+    summary, records = _run_with_broken_links(monkeypatch)
     first_accept = next(r for r in records if r["kind"] == "accept")
     assert summary.first is not None and summary.first.what == "accept"
     assert (summary.first.step, summary.first.request) == (first_accept["step"], first_accept["request"])
