@@ -40,7 +40,7 @@ def gate(
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.cases import DEFAULT_CASE, load_case
-    from harness.cli.sweep_cmd import first_usage_error, pick_case_device, print_frame, run_with_progress
+    from harness.cli.sweep_cmd import pick_case_device, print_frame, run_or_exit
     from harness.gate import json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
     from harness.sweep import default_jobs, on_device, validate, write_jsonl
@@ -56,10 +56,7 @@ def gate(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    results = run_with_progress(job_list, jobs or default_jobs(), "gate")
-    err = first_usage_error(results)
-    if err:
-        fail_usage(UsageError(err))
+    results = run_or_exit(job_list, jobs or default_jobs(), "gate")
     wall = time.perf_counter() - t0
     verdicts = judge(job_list, results)
     write_jsonl(results, out)

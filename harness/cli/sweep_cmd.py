@@ -72,8 +72,13 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
                         "catalog entry says (not a failure); [red]MISSED[/]: it was not", highlight=False)
 
 
-def first_usage_error(results: list[SettingResult]) -> str | None:
-    return next((f"{r.usage_error} (setting: {r.setting})" for r in results if r.usage_error), None)
+def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str) -> list[SettingResult]:
+    """Run every setting; a usage error met inside a worker is exit 2."""
+    results = run_with_progress(jobs, n_jobs, title)
+    err = next((f"{r.usage_error} (setting: {r.setting})" for r in results if r.usage_error), None)
+    if err:
+        fail_usage(UsageError(err))
+    return results
 
 
 # flags a case file sets itself: with --case they must keep their defaults
@@ -114,10 +119,7 @@ def sweep(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    results = run_with_progress(job_list, jobs or default_jobs(), "sweep")
-    err = first_usage_error(results)
-    if err:
-        fail_usage(UsageError(err))
+    results = run_or_exit(job_list, jobs or default_jobs(), "sweep")
     write_jsonl(results, out)
     print_frame(job_list, results)
     typer.echo(f"records: {out}")
