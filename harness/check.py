@@ -14,6 +14,7 @@ from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.model.presets import load_model
 from harness.oracle_lookup import load_oracle_class
+from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord
 from harness.runner.engine import Engine, RequestStep
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
@@ -47,10 +48,16 @@ class CheckSummary:
     notes: list[str] = field(default_factory=list)
     fault_class: str | None = None   # the localizer's class of the first divergence
     explanation: str | None = None   # the localizer's paragraph
+    port: dict | None = None         # the port under test (--impl): which stages were its own
+    audit_errors: int = 0            # structural findings on the port's metadata (audit records)
+    audit_warnings: int = 0          # findings that change no logits on this kernel
+    first_finding: str | None = None
+    strict: bool = False             # warnings fail the run too
 
     @property
     def passed(self) -> bool:
-        return self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+        return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+                and self.audit_errors == 0 and not (self.strict and self.audit_warnings))
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Prepared:
     oracle: object
     prompts: list[PromptSpec]
     prompt_ids: list[list[int]]
+    port: PortRun | None = None
 
     @property
     def tolerance(self) -> float:
@@ -81,18 +89,20 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
                          "reads indptrs on the host (use --backend sglang-triton)")
     pipeline = apply_fault(s.fault, s, cfg.vocab_size)
+    pipeline, port = attach_port(s, pipeline, cfg.vocab_size)
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     oracle = load_oracle_class()(cfg, weights)
-    return Prepared(s, engine, oracle, specs, ids)
+    return Prepared(s, engine, oracle, specs, ids, port)
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
           localize: bool = True) -> CheckSummary:
     s = p.settings
     tol = p.tolerance
-    summary = CheckSummary(setting=s.command(), tolerance=tol)
+    summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
+                           port=p.port.describe() if p.port else None)
     ignored_prefix_keys = 0
     for result in p.engine.rounds():
         summary.steps += 1
@@ -101,6 +111,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
             _check_request_step(rs, p.oracle, tol, summary, writer)
             _cross_check_acceptance(rs, s.accept, summary, writer)
         _check_batch_padding(p, result.step, summary)
+        if p.port is not None:
+            _audit_port_step(p, result, summary, writer)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
     _check_streams(p, summary, writer)
@@ -147,6 +159,26 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
                                 verdict, summary.setting))
+
+
+def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The port's metadata against the rules, whatever the logits say (harness/ports/audit.py)."""
+    reqs = result.requests
+    findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
+                            [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
+                            "prefix" in p.engine.backend.mask_regions)
+    for f in findings:
+        writer.write(f.record(summary.setting))
+        if f.severity == "error":
+            summary.audit_errors += 1
+        else:
+            summary.audit_warnings += 1
+        if summary.first_finding is None and (f.severity == "error" or summary.strict):
+            where = f"step {f.step}" + (f", request {f.request}" if f.request >= 0 else "")
+            summary.first_finding = f"{f.check} ({f.severity}) at {where}: {f.detail}"
+    warnings = [f for f in findings if f.severity == "warning"]
+    if warnings and not any(n.startswith("audit warning") for n in summary.notes):
+        summary.notes.append(f"audit warning: {warnings[0].check}: {warnings[0].detail}")
 
 
 def _ignored_prefix_keys(vb, backend) -> int:

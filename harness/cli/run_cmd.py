@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import traceback
+from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -11,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.check import CheckSummary, check, prepare
+from harness.ports.attach import SettingSkipped
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
@@ -41,15 +43,26 @@ def run(
     tolerance: Optional[float] = typer.Option(None, help="relative logit tolerance (default: the dtype's, see docs)"),
     out: Optional[Path] = typer.Option(None, help="JSONL records (default reports/run-<setting>.jsonl)"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
+    impl: Optional[List[str]] = typer.Option(None, help="a DDTree port under test, FAMILY:PATH (`ddcheck ports`); "
+                                             "twice or more: side by side on the same drafts"),
+    port_stages: Optional[str] = typer.Option(None, help="which of the port's stages to use: build,compile,accept,commit "
+                                              "(default: all it provides; ddcheck's own for the rest)"),
+    strict: bool = typer.Option(False, help="audit warnings (findings that change no logits here) fail the run"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
     try:
-        s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
-                        batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
-                        seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
-                        tolerance=tolerance)
+        base = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
+                           batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
+                           seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
+                           tolerance=tolerance, port_stages=port_stages, strict=strict)
+        if impl and len(impl) > 1:
+            from harness.cli.side_by_side import run_side_by_side
+            run_side_by_side(base, impl, out, html)
+        s = replace(base, impl=impl[0]) if impl else base
         prepared = prepare(s)
+    except SettingSkipped as e:
+        skipped(s, out, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
     path = out or default_out(s)
@@ -67,6 +80,17 @@ def run(
         from harness.report.html import write_report
         write_report([path], html)
     raise typer.Exit(0 if summary.passed else 1)
+
+
+def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
+    """A setting the port cannot run: a summary saying why, exit 0 (not a pass, not a failure)."""
+    from harness.check import CheckSummary, summary_record
+    path = out or default_out(s)
+    writer = RecordWriter(path)
+    writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
+    writer.commit()
+    typer.echo(f"SKIP: {e} (records: {path})")
+    raise typer.Exit(0)
 
 
 def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
@@ -101,6 +125,12 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
                   f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
     if summary.explanation:
         t.add_row("localized", f"[bold]{summary.fault_class}[/]: {summary.explanation}")
+    if summary.port:
+        pt = summary.port
+        t.add_row("port", f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
+                  f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}")
+        t.add_row("audit", f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
+                  + (f"; first: {summary.first_finding}" if summary.first_finding else ""))
     for note in summary.notes:
         t.add_row("note", note)
     t.add_row("verdict", "[green]PASS[/]" if summary.passed else "[red]DIVERGE[/]")

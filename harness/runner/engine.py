@@ -66,7 +66,8 @@ class Engine:
                  backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
                  pipeline: Pipeline = Pipeline()):
         self.s, self.cfg, self.backend, self.pipeline = settings, cfg, backend, pipeline
-        dev, q_len = settings.device, settings.q_len
+        dev, q_len = settings.device, pipeline.width(settings.budget)
+        self.q_len = q_len
         self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)
         self.max_context = max(map(len, prompt_ids)) + settings.max_new_tokens + q_len + 2
         if self.max_context > cfg.max_position:
@@ -136,22 +137,41 @@ class Engine:
         for r in active:
             lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
             trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
-        loc = self.pool.allocator.alloc(len(active) * s.q_len).to(s.device)
+        q = self.q_len
+        if any(t.q_len != q for t in trees):
+            raise ValueError(f"the tree stage built widths {sorted({t.q_len for t in trees})}; the run's verify "
+                             f"width is {q}")
+        loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, loc, p.build_mask)
         vb = vb.to(s.device)
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         out = []
         for b, (r, tree) in enumerate(zip(active, trees)):
-            rows = slice(b * s.q_len, (b + 1) * s.q_len)
+            rows = slice(b * q, (b + 1) * q)
             predicts = logits[rows].argmax(-1).tolist()
             acc = self.accept(tree, predicts)
             cross = self.cross_accept(tree, predicts) if self.cross_accept else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
                                    tuple(loc[rows].tolist()), acc, cross))
-            r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len, loc[rows].cpu(), acc)
-            r.emitted += [tree.tokens[i] for i in acc.rows[1:]] + [acc.bonus]
+        self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu())
+        for r, tree, rs in zip(active, trees, out):
+            r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
         return StepResult(step, tuple(out), vb)
+
+    def _commit(self, active: list[Request], trees: list[DraftTree], accs: list[Acceptance],
+                loc: torch.Tensor) -> None:
+        """loc  # [bs*q_len] the verify rows' slots. Per request, or the pipeline's batched commit."""
+        p, q = self.pipeline, self.q_len
+        if p.commit_batch is not None:
+            lens = p.commit_batch(self.req_pool, self.pool, [r.req_pool_idx for r in active],
+                                  [r.seq_len for r in active], loc, trees, accs)
+            for r, n in zip(active, lens):
+                r.seq_len = int(n)
+            return
+        for b, (r, acc) in enumerate(zip(active, accs)):
+            r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len,
+                                 loc[b * q:(b + 1) * q], acc)
 
     def _finish(self, r: Request) -> None:
         del r.emitted[self.s.max_new_tokens:]

@@ -3,7 +3,7 @@ a user (or a fault) replaces one with dataclasses.replace."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from harness.runner.graph import GraphOptions
 from harness.spec.accept import greedy_walk
@@ -11,6 +11,11 @@ from harness.spec.commit import commit_kv
 from harness.spec.mask import flat_custom_mask
 from harness.spec.tree import build_tree
 from harness.spec.verify_inputs import build_verify_batch
+
+
+def verify_width(budget: int) -> int:
+    """q_len = budget + 1: the root plus `budget` draft nodes."""
+    return budget + 1
 
 
 @dataclass(frozen=True)
@@ -21,3 +26,7 @@ class Pipeline:
     accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
     commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len
     graph: GraphOptions = GraphOptions()
+    width: Callable[[int], int] = verify_width      # budget -> verify width q_len
+    # a batched commit replaces `commit` when set (a port's own commit code):
+    # (req_pool, kv_pool, req_pool_indices, seq_lens, out_cache_loc [bs*q_len], trees, acceptances) -> seq_lens
+    commit_batch: Optional[Callable] = None

@@ -28,6 +28,9 @@ class RunSettings:
     accept: str = "walk"
     device: str = "cpu"
     tolerance: float | None = None  # relative logit tolerance; None: the dtype's (compare/tolerance.py)
+    impl: str | None = None         # FAMILY:PATH of a port under test (harness/ports); None: ddcheck's own engine
+    port_stages: str | None = None  # comma list of the port's stages to use; None: all it provides
+    strict: bool = False            # audit warnings fail the run too
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -38,7 +41,8 @@ class RunSettings:
                   (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
-                   f"--tolerance must be in (0, 1), got {self.tolerance}")]
+                   f"--tolerance must be in (0, 1), got {self.tolerance}"),
+                  (self.port_stages is None or self.impl is not None, "--port-stages needs --impl")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -65,6 +69,12 @@ class RunSettings:
             parts.append(f"--tolerance {self.tolerance:g}")
         if self.fault:
             parts.append(f"--fault {self.fault}")
+        if self.impl:
+            parts.append(f"--impl {self.impl}")
+        if self.port_stages:
+            parts.append(f"--port-stages {self.port_stages}")
+        if self.strict:
+            parts.append("--strict")
         return " ".join(parts)
 
 

@@ -1,0 +1,2 @@
+"""Real DDTree ports under test: adapters that drive a user's own code
+(harness/ports/families) through ddcheck's engine, next to the oracle."""

@@ -1,0 +1,66 @@
+"""A port attached to a run: its adapter, the stages it drives, its audit log,
+and why a setting is one the port cannot run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.ports.audit import Finding
+from harness.ports.protocol import Conventions
+from harness.ports.registry import load_adapter, parse_impl
+from harness.ports.stages import AuditLog, PortStages, audit_step, parse_stages, port_pipeline
+from harness.runner.pipeline import Pipeline
+from harness.runner.settings import RunSettings
+from harness.spec.tree import expected_num_nodes
+
+
+class SettingSkipped(Exception):
+    """The port cannot run this setting (no padding path, batch limit): skipped with the reason, not failed."""
+
+
+@dataclass
+class PortRun:
+    label: str                    # FAMILY:PATH as given
+    stages: PortStages
+    conventions: Conventions
+
+    @property
+    def log(self) -> AuditLog:
+        return self.stages.log
+
+    def describe(self) -> dict:
+        """The summary's `port` entry: which stages were the port's, under which conventions."""
+        c = self.conventions
+        stubbed = getattr(self.stages.adapter, "stubbed", ())
+        return {"impl": self.label, "family": c.family, "port_stages": list(self.stages.stages),
+                "ddcheck_stages": [s for s in ("build", "compile", "accept", "commit") if s not in self.stages.stages],
+                "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed)}
+
+    def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool) -> list[Finding]:
+        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix)
+        self.log.step = step + 1
+        return self.log.drain()
+
+
+def attach_port(s: RunSettings, pipeline: Pipeline, vocab: int) -> tuple[Pipeline, PortRun | None]:
+    if not s.impl:
+        return pipeline, None
+    spec = parse_impl(s.impl)
+    adapter = load_adapter(spec)
+    conv = adapter.conventions
+    stages = PortStages(adapter, parse_stages(s.port_stages, conv.stages), AuditLog())
+    skip = skip_reason(conv, stages.stages, s, vocab)
+    if skip:
+        raise SettingSkipped(f"{conv.family} cannot run {s.command()}: {skip}")
+    return port_pipeline(pipeline, stages), PortRun(spec.label, stages, conv)
+
+
+def skip_reason(conv: Conventions, stages: tuple[str, ...], s: RunSettings, vocab: int) -> str | None:
+    if conv.max_batch is not None and s.batch > conv.max_batch:
+        return f"batch {s.batch} > the port's limit {conv.max_batch}"
+    if not conv.has_padding:
+        drafts = conv.num_drafts(s.budget) if "build" in stages else s.budget
+        if expected_num_nodes(drafts, s.topk, s.block_size - 1, vocab) < drafts:
+            return (f"its trees have no padding rows, and budget {s.budget} with topk {s.topk} and depth "
+                    f"{s.block_size - 1} leaves some (at most {expected_num_nodes(drafts, s.topk, s.block_size - 1, vocab)} "
+                    f"of {drafts} draft nodes)")
+    return None

@@ -1,0 +1,177 @@
+"""Structural audit of a port's verify metadata, every step, independent of logits.
+
+Each finding names what was wrong, where, expected against found. A finding
+that cannot change logits on the chosen kernel (a fully masked padding row
+under SGLang's Triton kernel, which outputs 0 there) is a warning; the others
+are errors. `--strict` makes warnings fail the run too.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from harness.spec.accept import Acceptance, greedy_walk
+from harness.spec.tree import DraftTree
+
+SEVERITIES = ("error", "warning")
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str        # mask-padding-visible | mask-extra-key | mask-missing-key | mask-prefix-blocked |
+                      # padding-row-empty | mask-layout | mask-length | position | input-id |
+                      # padding-convention | accept | commit-slot | commit-kv | slot-leak
+    severity: str
+    step: int
+    request: int
+    detail: str       # one sentence: expected against found
+    rows: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity must be one of {SEVERITIES}")
+
+    def record(self, setting: str) -> dict:
+        return {"kind": "audit", "setting": setting, **asdict(self), "rows": list(self.rows)}
+
+
+def _span(rows: list[int]) -> str:
+    return ", ".join(map(str, rows[:8])) + (" ..." if len(rows) > 8 else "")
+
+
+def expected_draft_visibility(tree: DraftTree) -> torch.Tensor:
+    """[num_rows, q_len] bool: real row i sees its root path (itself included) and nothing else."""
+    vis = torch.zeros((tree.num_rows, tree.q_len), dtype=torch.bool)
+    for i in range(tree.num_rows):
+        vis[i, tree.ancestors(i)] = True
+    return vis
+
+
+def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Tensor,
+               reads_prefix: bool) -> list[Finding]:
+    """block  # [q_len, prefix+q_len] bool, the request's mask as the kernel reads it."""
+    out = []
+    n, real = tree.q_len, tree.num_rows
+    draft = block[:, prefix:]
+    want = expected_draft_visibility(tree)
+    got = draft[:real]
+    pad_seen = [i for i in range(real) if got[i, real:].any()]
+    if pad_seen:
+        cols = sorted({int(c) for i in pad_seen for c in (got[i, real:].nonzero().flatten() + real)})
+        out.append(Finding("mask-padding-visible", "error", step, b,
+                           f"real rows {_span(pad_seen)} see padding columns {_span(cols)} (draft-part keys); "
+                           f"real rows must see only their root path", tuple(pad_seen)))
+    extra = [i for i in range(real) if (got[i, :real] & ~want[i, :real]).any()]
+    if extra:
+        i = extra[0]
+        keys = (got[i, :real] & ~want[i, :real]).nonzero().flatten().tolist()
+        out.append(Finding("mask-extra-key", "error", step, b,
+                           f"rows {_span(extra)} see real keys off their root path (row {i}: keys {_span(keys)}; "
+                           f"root path {tree.ancestors(i)})", tuple(extra)))
+    missing = [i for i in range(real) if (want[i, :real] & ~got[i, :real]).any()]
+    if missing:
+        i = missing[0]
+        keys = (want[i, :real] & ~got[i, :real]).nonzero().flatten().tolist()
+        out.append(Finding("mask-missing-key", "error", step, b,
+                           f"rows {_span(missing)} do not see their whole root path (row {i} misses keys {_span(keys)})",
+                           tuple(missing)))
+    blocked = [i for i in range(n) if prefix and not block[i, :prefix].all()]
+    if blocked:
+        sev = "error" if reads_prefix else "warning"
+        why = "" if reads_prefix else " (this kernel does not read the prefix columns, so it changes no logits)"
+        out.append(Finding("mask-prefix-blocked", sev, step, b,
+                           f"rows {_span(blocked)} block part of the committed prefix{why}", tuple(blocked)))
+    empty = [i for i in range(real, n) if not block[i].any()]
+    if empty:
+        out.append(Finding("padding-row-empty", "warning", step, b,
+                           f"padding rows {_span(empty)} see no key at all: NaN on a kernel that divides by the "
+                           f"softmax sum (SGLang's Triton kernel writes 0 there)", tuple(empty)))
+    return out
+
+
+def audit_inputs(step: int, b: int, tree: DraftTree, prefix: int, ids: list[int], pos: list[int]) -> list[Finding]:
+    """ids, pos  # [q_len] the request's verify tokens and positions."""
+    out = []
+    real = tree.num_rows
+    bad_ids = [i for i in range(real) if ids[i] != tree.tokens[i]]
+    if bad_ids:
+        i = bad_ids[0]
+        out.append(Finding("input-id", "error", step, b,
+                           f"rows {_span(bad_ids)} carry tokens other than the tree's (row {i}: {ids[i]}, tree says "
+                           f"{tree.tokens[i]})", tuple(bad_ids)))
+    bad_pos = [i for i in range(real) if pos[i] != prefix + tree.depths[i]]
+    if bad_pos:
+        i = bad_pos[0]
+        out.append(Finding("position", "error", step, b,
+                           f"rows {_span(bad_pos)} have positions other than prefix + depth (row {i}: {pos[i]}, "
+                           f"expected {prefix + tree.depths[i]})", tuple(bad_pos)))
+    return out
+
+
+def audit_layout(step: int, declared_layout: str, prefix_lens: list[int], port_numel: int,
+                 expected_numel: int) -> list[Finding]:
+    out = []
+    if declared_layout == "rectangle" and len(prefix_lens) > 1 and len(set(prefix_lens)) > 1:
+        out.append(Finding("mask-layout", "error", step, -1,
+                           f"the mask is one [bs, q, max_prefix + q] rectangle for prefixes {prefix_lens}; the "
+                           "kernel reads per-request [q, prefix_b + q] blocks, so every request after the first "
+                           "reads shifted rows"))
+    if port_numel != expected_numel:
+        out.append(Finding("mask-length", "error", step, -1,
+                           f"the mask has {port_numel} entries; the kernel reads {expected_numel} "
+                           f"(sum of q_len * (prefix_b + q_len))"))
+    return out
+
+
+def audit_acceptance(step: int, b: int, tree: DraftTree, predicts: list[int], got: Acceptance) -> list[Finding]:
+    want = greedy_walk(tree, predicts)
+    if want == got:
+        return []
+    return [Finding("accept", "error", step, b,
+                    f"the port accepted rows {list(got.rows)} with bonus {got.bonus}; the greedy walk over the "
+                    f"port's own tree accepts rows {list(want.rows)} with bonus {want.bonus}", got.rows)]
+
+
+def audit_commit(step: int, req_pool, kv_pool, req_pool_indices: list[int], prefix_lens: list[int],
+                 loc: torch.Tensor, q: int, accs: list[Acceptance], before: list, new_lens,
+                 freed: set[int]) -> list[Finding]:
+    """After a commit: request b's position prefix_b + r holds accepted row r's K/V
+    (byte for byte, every layer), its length grew by the accepted rows, no
+    referenced slot was freed, and every other verify slot was freed.
+
+    loc  # [bs*q] the verify rows' slots; before  # per layer (k, v) [bs*q, kv_heads, head_dim]
+    """
+    out = []
+    table = req_pool.req_to_token.cpu()
+    referenced: set[int] = set()
+    for b, (idx, prefix, acc) in enumerate(zip(req_pool_indices, prefix_lens, accs)):
+        n = len(acc.rows)
+        if int(new_lens[b]) != prefix + n:
+            out.append(Finding("commit-length", "error", step, b,
+                               f"committed length {int(new_lens[b])}; expected prefix {prefix} + {n} accepted rows"))
+        slots = table[idx, prefix:prefix + n].tolist()
+        referenced.update(table[idx, :prefix + n].tolist())
+        wrong = []
+        for r, (row, slot) in enumerate(zip(acc.rows, slots)):
+            src = b * q + row
+            for layer, (k0, v0) in enumerate(before):
+                k, v = kv_pool.k_buffer[layer][slot].cpu(), kv_pool.v_buffer[layer][slot].cpu()
+                if not (torch.equal(k, k0[src].cpu()) and torch.equal(v, v0[src].cpu())):
+                    wrong.append((r, row, slot, layer))
+                    break
+        if wrong:
+            r, row, slot, layer = wrong[0]
+            out.append(Finding("commit-kv", "error", step, b,
+                               f"position {prefix + r} (slot {slot}) does not hold accepted row {row}'s K/V "
+                               f"(first wrong at layer {layer}); {len(wrong)} of {n} committed positions wrong",
+                               tuple(w[1] for w in wrong)))
+    stale = sorted(referenced & freed)
+    if stale:
+        out.append(Finding("commit-slot", "error", step, -1,
+                           f"slots {_span(stale)} were freed but req_to_token still points at them"))
+    leaked = sorted(set(loc.tolist()) - referenced - freed)
+    if leaked:
+        out.append(Finding("slot-leak", "warning", step, -1,
+                           f"verify slots {_span(leaked)} are neither committed nor freed (a KV leak)"))
+    return out

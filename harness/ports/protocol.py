@@ -1,0 +1,110 @@
+"""The port adapter protocol: how ddcheck drives a user's own DDTree code.
+
+An adapter translates between a port's native calls and ddcheck's types; it
+never repairs what the port produced. Four stages, each optional:
+
+- build(topk_logprobs, topk_ids, roots, budget) -> BuiltTrees
+- compile(trees, prefix_lens) -> CompiledVerify (ids, positions, the mask as the port hands it)
+- accept(trees, target_argmax) -> list[Acceptance]
+- commit(trees, acceptances, state) -> CommitResult (the port's commit on a ServingState)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from harness.runner.settings import UsageError
+from harness.spec.accept import Acceptance
+from harness.spec.tree import DraftTree
+
+STAGES = ("build", "compile", "accept", "commit")
+MASK_MEANINGS = ("allow", "nonzero", "additive")   # bool True = visible; != 0 visible; 0 visible, large negative hidden
+MASK_LAYOUTS = ("flat", "rectangle", "draft")       # per-request [q, P_b+q] blocks; [bs, q, max_P+q]; [bs, q, q] draft part only
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What a port means by its inputs and outputs (shown by `ddcheck ports`)."""
+
+    family: str
+    summary: str                      # one line: which code, which versions
+    budget_counts_root: bool          # True: q_len = budget (root included); False: q_len = budget + 1
+    topk_rule: str                    # how K per depth is chosen
+    padding: str                      # how padding rows are represented (token, position, parent)
+    mask: str                         # meaning and layout of the mask it hands to the kernel
+    stages: tuple[str, ...]           # the stages the port provides
+    max_batch: int | None = None      # None: any
+    has_padding: bool = True          # False: the port's trees are never padded (beam trees)
+    greedy_only: bool = True
+    page_size: int = 1
+    functions: tuple[str, ...] = ()   # the port's functions the adapter calls
+
+    def __post_init__(self) -> None:
+        bad = set(self.stages) - set(STAGES)
+        if bad or not self.stages:
+            raise ValueError(f"{self.family}: stages must be a non-empty subset of {STAGES}, got {self.stages}")
+
+    def q_len(self, budget: int) -> int:
+        return budget if self.budget_counts_root else budget + 1
+
+    def num_drafts(self, budget: int) -> int:
+        """Draft nodes (root excluded) a budget allows."""
+        return budget - 1 if self.budget_counts_root else budget
+
+
+@dataclass(frozen=True)
+class BuiltTrees:
+    trees: tuple[DraftTree, ...]      # read back from the port's own outputs
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PortMask:
+    """The mask exactly as the port would hand it to SGLang."""
+
+    data: torch.Tensor                # any dtype, any shape
+    meaning: str                      # one of MASK_MEANINGS
+    layout: str                       # one of MASK_LAYOUTS
+
+    def __post_init__(self) -> None:
+        if self.meaning not in MASK_MEANINGS or self.layout not in MASK_LAYOUTS:
+            raise ValueError(f"mask meaning {self.meaning!r} / layout {self.layout!r} unknown")
+
+
+@dataclass(frozen=True)
+class CompiledVerify:
+    input_ids: torch.Tensor           # [bs*q_len] the port's verify tokens
+    positions: torch.Tensor           # [bs*q_len] the port's positions
+    mask: PortMask
+    native: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    seq_lens: tuple[int, ...]         # [bs] committed length after the commit
+    kept: tuple[tuple[int, ...], ...] = ()    # per request: slots now holding the accepted rows, in order
+    freed: tuple[int, ...] = ()
+    copied: tuple[tuple[int, int], ...] = ()  # (source slot, target slot) K/V moves
+
+
+class PortAdapter(Protocol):
+    """What a family's adapter provides; stages it lacks are listed out of `conventions.stages`."""
+
+    conventions: Conventions
+
+    def build(self, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, roots: list[int],
+              budget: int) -> BuiltTrees:
+        """topk_logprobs, topk_ids  # [bs, L, K] per-depth top-K draft log-probs and ids."""
+
+    def compile(self, trees: list[DraftTree], prefix_lens: list[int]) -> CompiledVerify: ...
+
+    def accept(self, trees: list[DraftTree], target_argmax: torch.Tensor) -> list[Acceptance]:
+        """target_argmax  # [bs, q_len] the target's argmax per verify row."""
+
+    def commit(self, trees: list[DraftTree], acceptances: list[Acceptance], state: Any) -> CommitResult: ...
+
+
+class PortError(UsageError):
+    """A port cannot be loaded or driven (missing function, unknown signature): one line, exit 2."""
