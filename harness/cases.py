@@ -32,6 +32,10 @@ was expected, in one line.
 
     [tolerances]                       # optional: the relative tolerance nodes are judged at, per dtype
     float32 = 1e-5
+
+    impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
+    port_stages = "build,compile"                   #   relative to the case file); which of its stages
+    strict = false                                  #   to use; audit warnings fail the case
 """
 from __future__ import annotations
 
@@ -48,7 +52,7 @@ AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend
                  "batch": (1,), "dtype": ("float32",)}
 _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str}
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
-             "faults", "tolerances"}
+             "faults", "tolerances", "impl", "port_stages", "strict"}
 CASES_DIR = Path("cases")
 DEFAULT_CASE = CASES_DIR / "gate.toml"
 
@@ -218,7 +222,9 @@ def load_case(path: Path) -> Case:
         seed=_get(path, doc, "seed", "", int, 0, "an integer"),
         max_new_tokens=_positive(path, doc, "max_new_tokens", 12),
         block_size=_positive(path, doc, "block_size", 8, minimum=2),
-        backend="torch")
+        backend="torch", impl=_impl(path, doc),
+        port_stages=_get(path, doc, "port_stages", "", (str, type(None)), None, "a comma list of port stages"),
+        strict=_get(path, doc, "strict", "", bool, False, "true or false"))
     matrices = doc.get("matrix", [])
     if not isinstance(matrices, list):
         raise _fail(path, "matrix", "an array of tables ([[matrix]])", matrices)
@@ -241,6 +247,21 @@ def load_case(path: Path) -> Case:
                 _prompts(path, doc.get("prompts")), matrix, tuple(faults), _tolerances(path, doc.get("tolerances")))
     validate_faults(case)
     return case
+
+
+def _impl(path: Path, doc: dict) -> str | None:
+    """impl = "FAMILY:PATH", PATH relative to the case file; checked like --impl."""
+    raw = _get(path, doc, "impl", "", (str, type(None)), None, "FAMILY:PATH (a port under test)")
+    if raw is None:
+        return None
+    from harness.ports.registry import parse_impl
+    family, sep, where = raw.partition(":")
+    if sep and not Path(where).is_absolute():
+        where = str(path.parent / where)
+    try:
+        return parse_impl(f"{family}{sep}{where}").label
+    except UsageError as e:
+        raise _fail(path, "impl", f"a port under test ({e})", raw) from None
 
 
 def _positive(path: Path, doc: dict, key: str, default: int, minimum: int = 1) -> int:

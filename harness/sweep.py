@@ -42,8 +42,19 @@ class SettingJob:
 def short_label(s: RunSettings) -> str:
     """The matrix axes of a setting in one line (tables, progress lines, JUnit names)."""
     fault = f" +{s.fault}" if s.fault else ""
+    port = f" [{s.impl.partition(':')[0]}]" if s.impl else ""
     return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
-            f"{s.dtype}{fault}")
+            f"{s.dtype}{fault}{port}")
+
+
+def with_impls(jobs: list[SettingJob], impls: list[str] | None) -> list[SettingJob]:
+    """Every job once per port under test (--impl, repeatable: a sweep axis)."""
+    if not impls:
+        return jobs
+    from harness.ports.registry import parse_impl
+    labels = [parse_impl(i).label for i in impls]
+    out = [replace(j, settings=replace(j.settings, impl=lab)) for lab in labels for j in jobs]
+    return [replace(j, index=i) for i, j in enumerate(out)]
 
 
 def on_device(jobs: list[SettingJob], device: str) -> list[SettingJob]:
@@ -56,6 +67,8 @@ def verdict(job: SettingJob, r: SettingResult) -> str:
     caught (diverged and named as its catalog entry says) | MISSED."""
     if r.usage_error:
         return "error"
+    if r.summary.get("skipped"):
+        return "skip"
     if job.expect_fault:
         return "caught" if expected_fault_caught(r.summary) else "MISSED"
     return "pass" if r.passed else "DIVERGE"
@@ -81,11 +94,16 @@ def run_job(job: SettingJob) -> SettingResult:
     exception inside the engine is a failing setting (a crash is a finding)."""
     from harness.check import CheckSummary, check, prepare, summary_record
     from harness.cli.common import USAGE_ERRORS
+    from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
     s = job.settings
     writer = RecordWriter(None)
     try:
         prepared = prepare(s, job.prompts)
+    except SettingSkipped as e:   # the port cannot run this setting: a summary that says why
+        writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
+        return SettingResult(job.index, s.command(), json.loads(writer.lines[-1]), None, tuple(writer.lines),
+                             time.perf_counter() - t0)
     except USAGE_ERRORS as e:
         return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
     try:

@@ -29,6 +29,8 @@ def faults(
     only: Optional[list[str]] = typer.Option(None, "--fault", help="check only these faults (repeatable)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the --check table as JSON"),
     device: str = typer.Option("auto", help="auto, cpu or cuda"),
+    impl: Optional[str] = typer.Option(None, help="check with a port under test (FAMILY:PATH): faults on the stages "
+                                       "that stay ddcheck's, the fault-free matrix through the port"),
 ) -> None:
     """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
     from harness.faults.registry import catalog
@@ -50,7 +52,13 @@ def faults(
     console = Console(stderr=True)
     rows = []
     try:
-        for row in self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device)):
+        if impl:
+            from harness.ports.registry import parse_impl
+            impl = parse_impl(impl).label
+        for row in self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device), impl=impl):
+            if row is None:
+                console.print("skip: the port cannot run this setting, or replaces the stage the fault swaps")
+                continue
             rows.append(row)
             console.print(f"{row.fault or 'fault-free'} seed {row.settings.seed}: "
                           f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)")

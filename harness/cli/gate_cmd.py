@@ -37,13 +37,15 @@ def gate(
     out: Path = typer.Option(Path("reports/gate.jsonl"), help="the records of every setting"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
     device: str = typer.Option("auto", help="auto, cpu or cuda: where every setting runs"),
+    impl: Optional[List[str]] = typer.Option(None, help="a port under test, FAMILY:PATH, over every case "
+                                             "(repeatable; a case's own `impl` otherwise)"),
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.cases import DEFAULT_CASE, load_case
     from harness.cli.sweep_cmd import pick_case_device, print_frame, run_or_exit
     from harness.gate import json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
-    from harness.sweep import default_jobs, on_device, validate, write_jsonl
+    from harness.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
     t0 = time.perf_counter()
     try:
         if jobs < 0:
@@ -52,7 +54,7 @@ def gate(
             raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
         on = pick_case_device(device)
         loaded = [load_case(p) for p in (case_files or [DEFAULT_CASE])]
-        job_list = on_device(plan(loaded, fault), on)
+        job_list = with_impls(on_device(plan(loaded, fault), on), impl)
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.console import Console
@@ -15,10 +15,11 @@ from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, fail_usage, pick_backend, pick_device
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
-                           verdict, write_jsonl)
+                           verdict, with_impls, write_jsonl)
 
 # the summary table's verdicts (harness.sweep.verdict); caught is an expected fault, not a failure
-VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "DIVERGE": "red", "MISSED": "red", "error": "red"}
+VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
+                   "error": "red"}
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
@@ -103,6 +104,7 @@ def sweep(
     jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
     out: Path = typer.Option(Path("reports/sweep.jsonl"), help="one JSONL for the whole sweep"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
+    impl: Optional[List[str]] = typer.Option(None, help="a port under test, FAMILY:PATH (repeatable: an axis)"),
 ) -> None:
     """Check every setting of a matrix; exit 0 all match, 1 any divergence, 2 usage."""
     try:
@@ -116,6 +118,7 @@ def sweep(
             job_list = plan_case(case, matrix_flags, run_flags, device, fault)
         else:
             job_list = plan_flags(matrix_flags, run_flags, device, fault)
+        job_list = with_impls(job_list, impl)
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)

@@ -53,27 +53,34 @@ class CheckRow:
         return self.fault_class == self.expected_class
 
 
-def base_settings(backend: str, quick: bool, device: str = "cpu") -> RunSettings:
-    return RunSettings(backend=backend, max_new_tokens=10 if quick else 24, device=device)
+def base_settings(backend: str, quick: bool, device: str = "cpu", impl: str | None = None) -> RunSettings:
+    return RunSettings(backend=backend, max_new_tokens=10 if quick else 24, device=device, impl=impl)
 
 
 def fault_settings(name: str, base: RunSettings, seed: int = 0) -> RunSettings:
     return replace(base, seed=seed, fault=name, **SHOW_SETTINGS[name])
 
 
-def run_one(s: RunSettings, expected_class: str | None) -> CheckRow:
+def run_one(s: RunSettings, expected_class: str | None) -> CheckRow | None:
+    """None: a port under test cannot run this setting (or the fault's stage is the port's)."""
     from harness.check import check, prepare
+    from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
-    summary = check(prepare(s), RecordWriter(None))
+    try:
+        prepared = prepare(s)
+    except SettingSkipped:
+        return None
+    summary = check(prepared, RecordWriter(None))
     return CheckRow(s.fault, s, not summary.passed, summary.fault_class, expected_class, time.perf_counter() - t0)
 
 
 def self_check(backend: str = "torch", seeds: int = 5, quick: bool = False, fault_seeds: int = 1,
                faults: list[str] | None = None,
-               device: str = "cpu") -> Iterator[CheckRow]:
-    """Yields one row per run: each fault (x fault_seeds), then the clean matrix x seeds."""
+               device: str = "cpu", impl: str | None = None) -> Iterator[CheckRow | None]:
+    """Yields one row per run: each fault (x fault_seeds), then the clean matrix x seeds;
+    None for a run a port under test cannot make."""
     from harness.model.presets import load_model
-    base = base_settings(backend, quick, device)
+    base = base_settings(backend, quick, device, impl)
     cat = catalog()
     for name in faults or list(cat):
         for seed in range(fault_seeds):

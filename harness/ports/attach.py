@@ -48,10 +48,22 @@ def attach_port(s: RunSettings, pipeline: Pipeline, vocab: int) -> tuple[Pipelin
     adapter = load_adapter(spec)
     conv = adapter.conventions
     stages = PortStages(adapter, parse_stages(s.port_stages, conv.stages), AuditLog())
-    skip = skip_reason(conv, stages.stages, s, vocab)
+    skip = skip_reason(conv, stages.stages, s, vocab) or _fault_overridden(s, pipeline, stages)
     if skip:
         raise SettingSkipped(f"{conv.family} cannot run {s.command()}: {skip}")
     return port_pipeline(pipeline, stages), PortRun(spec.label, stages, conv)
+
+
+def _fault_overridden(s: RunSettings, pipeline: Pipeline, stages: PortStages) -> str | None:
+    """A fault swaps one of ddcheck's stages; if the port replaces that stage, the fault cannot show."""
+    if not s.fault:
+        return None
+    swapped = port_pipeline(Pipeline(), stages)
+    faulted = {f for f in Pipeline.__dataclass_fields__ if getattr(pipeline, f) is not getattr(Pipeline(), f)}
+    lost = sorted(f for f in faulted if getattr(swapped, f) is not getattr(Pipeline(), f))
+    if lost:
+        return f"fault {s.fault} changes ddcheck's {', '.join(lost)}, which the port's own stages replace"
+    return None
 
 
 def skip_reason(conv: Conventions, stages: tuple[str, ...], s: RunSettings, vocab: int) -> str | None:

@@ -76,7 +76,7 @@ def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Ten
         out.append(Finding("mask-missing-key", "error", step, b,
                            f"rows {_span(missing)} do not see their whole root path (row {i} misses keys {_span(keys)})",
                            tuple(missing)))
-    blocked = [i for i in range(n) if prefix and not block[i, :prefix].all()]
+    blocked = [i for i in range(real) if prefix and not block[i, :prefix].all()]
     if blocked:
         sev = "error" if reads_prefix else "warning"
         why = "" if reads_prefix else " (this kernel does not read the prefix columns, so it changes no logits)"

@@ -53,11 +53,26 @@ class _Stub:
         return False
 
 
+class _StubMeta(type):
+    """A stubbed name is a class (so it can be subclassed or used in a type
+    hint) that also works as a decorator and has any attribute."""
+
+    def __call__(cls, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]) and cls.__module__ == __name__:
+            return args[0]
+        return super().__call__(*args, **kwargs)
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Stub()
+
+
 class _StubModule(types.ModuleType):
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        return type(name, (_Stub,), {})
+        return _StubMeta(name, (_Stub,), {"__module__": __name__})
 
 
 class _StubLoader(importlib.abc.Loader):
