@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import traceback
-from dataclasses import replace
 from pathlib import Path
 from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -52,14 +52,13 @@ def run(
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
     try:
-        base = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
-                           batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
-                           seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
-                           tolerance=tolerance, port_stages=port_stages, strict=strict)
+        s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
+                        batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
+                        seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
+                        tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
-            run_side_by_side(base, impl, out, html)
-        s = replace(base, impl=impl[0]) if impl else base
+            run_side_by_side(s, impl, out, html)
         prepared = prepare(s)
     except SettingSkipped as e:
         skipped(s, out, e)
@@ -123,16 +122,16 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     else:
         t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
                   f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
-    if summary.explanation:
-        t.add_row("localized", f"[bold]{summary.fault_class}[/]: {summary.explanation}")
-    if summary.port:
+    if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
         pt = summary.port
-        t.add_row("port", f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
-                  f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}")
-        t.add_row("audit", f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
-                  + (f"; first: {summary.first_finding}" if summary.first_finding else ""))
+        t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
+                                 f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}"))
+        t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
+                                  + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
+    if summary.explanation:
+        t.add_row("localized", f"[bold]{escape(str(summary.fault_class))}[/]: {escape(summary.explanation)}")
     for note in summary.notes:
-        t.add_row("note", note)
+        t.add_row("note", escape(note))
     t.add_row("verdict", "[green]PASS[/]" if summary.passed else "[red]DIVERGE[/]")
     t.add_row("records", str(path))
     console.print(t)

@@ -95,8 +95,9 @@ class PortAdapter(Protocol):
     conventions: Conventions
 
     def build(self, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, roots: list[int],
-              budget: int) -> BuiltTrees:
-        """topk_logprobs, topk_ids  # [bs, L, K] per-depth top-K draft log-probs and ids."""
+              budget: int, draft_logprobs: torch.Tensor | None = None) -> BuiltTrees:
+        """topk_logprobs, topk_ids  # [bs, L, K] per-depth top-K draft log-probs and ids;
+        draft_logprobs  # [bs, L, vocab] the same drafts in full, for ports that take logits."""
 
     def compile(self, trees: list[DraftTree], prefix_lens: list[int]) -> CompiledVerify: ...
 

@@ -10,7 +10,7 @@ from typing import Callable
 from harness.ports.protocol import PortAdapter, PortError
 
 ENTRY_POINT_GROUP = "ddcheck.ports"
-BUILTIN = ("sglang_eagle",)
+BUILTIN = ("ddtree_utils", "dflash_tree", "sglang_eagle")
 
 
 @dataclass(frozen=True)

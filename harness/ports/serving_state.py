@@ -36,7 +36,8 @@ class TokenToKVPool:
         return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
 
     def set_kv_buffer(self, layer, loc, cache_k, cache_v, k_scale=None, v_scale=None) -> None:
-        self._pool.set_kv(_layer_id(layer), loc, cache_k, cache_v)
+        # values, as SGLang's store kernel reads them (a port may pass views of the pool itself)
+        self._pool.set_kv(_layer_id(layer), loc, cache_k.clone(), cache_v.clone())
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Copy every layer's K/V from src_loc to tgt_loc."""

@@ -61,7 +61,7 @@ class PortStages:
     # -- build ---------------------------------------------------------------------
     def build_tree(self, root: int, draft_logprobs: torch.Tensor, budget: int, topk: int) -> DraftTree:
         lp, ids = draft_topk(draft_logprobs, topk)
-        built = self.adapter.build(lp[None], ids[None], [root], budget)
+        built = self.adapter.build(lp[None], ids[None], [root], budget, draft_logprobs[None].float())
         return built.trees[0]
 
     # -- compile ---------------------------------------------------------------------

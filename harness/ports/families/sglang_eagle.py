@@ -91,7 +91,7 @@ class SGLangEagle:
     def __init__(self) -> None:
         self.mod = _spec_tree()
 
-    def build(self, topk_logprobs, topk_ids, roots, budget) -> BuiltTrees:
+    def build(self, topk_logprobs, topk_ids, roots, budget, draft_logprobs=None) -> BuiltTrees:
         trees = []
         for b, root in enumerate(roots):
             lp = torch.full((topk_logprobs.shape[1], int(topk_ids.max()) + 1), float("-inf"), dtype=torch.float64)
