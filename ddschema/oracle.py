@@ -16,6 +16,18 @@ from ddschema.config import ModelConfig
 class Oracle(Protocol):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None: ...
 
+    config: ModelConfig  # the oracle's own reading of the model
+
+    @classmethod
+    def from_checkpoint(cls, directory, **options) -> "Oracle":
+        """The oracle over its OWN reading of a Hugging Face checkpoint
+        directory (config.json + *.safetensors): the harness never hands it
+        parsed weights in a run. Raises ValueError for a checkpoint it refuses."""
+
+    def weight(self, name: str) -> torch.Tensor:
+        """The tensor it computes with under a Hugging Face name (float64;
+        `lm_head.weight` is the embedding when the embeddings are tied)."""
+
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> torch.Tensor:
         """Float64 logits [n, vocab] of every tree node.

@@ -7,6 +7,7 @@ RECORD_KINDS = {
     "node": "one per (step, request, tree row): metrics against the oracle",
     "accept": "one per (step, request) where two acceptance implementations disagree",
     "stream": "one per request: emitted tokens against the oracle's greedy continuation",
+    "load": "one per config key or tensor where the engine's parsed checkpoint differs from the oracle's own reading",
     "localize": "one per divergent run: mask probe, KV audit, layer bisect, explanation",
     "summary": "one per run: counts and the first divergence",
 }

@@ -12,7 +12,9 @@ from harness.attn import make_backend
 from harness.compare.metrics import compare_node
 from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
-from harness.model.presets import load_model
+from harness.load_agreement import LoadMismatch, compare_loaded
+from harness.load_agreement import explain as explain_load
+from harness.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
 from harness.records import NodeRecord, RecordWriter, StreamRecord
 from harness.runner.engine import Engine, RequestStep
@@ -28,6 +30,7 @@ class FirstDivergence:
     padding_present: bool
     rel_err: float | None
     what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
+    #                     | config | weights (the engine's loader disagrees with the oracle's reading)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class CheckSummary:
     steps: int = 0
     stream_mismatches: int = 0
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
+    load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -50,7 +54,8 @@ class CheckSummary:
 
     @property
     def passed(self) -> bool:
-        return self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+        return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+                and self.load_mismatches == 0)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Prepared:
     oracle: object
     prompts: list[PromptSpec]
     prompt_ids: list[list[int]]
+    load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
 
     @property
     def tolerance(self) -> float:
@@ -75,7 +81,10 @@ class Prepared:
 
 def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -> Prepared:
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
-    cfg, weights = load_model(s.model, s.seed)
+    with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
+        cfg, weights = load_checkpoint(directory)
+        oracle = load_oracle_from(directory, s.model)
+    load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
@@ -84,8 +93,16 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    oracle = load_oracle_class()(cfg, weights)
-    return Prepared(s, engine, oracle, specs, ids)
+    return Prepared(s, engine, oracle, specs, ids, load_mismatches)
+
+
+def load_oracle_from(directory, model: str):
+    """The registered oracle over its own reading of the checkpoint; a
+    checkpoint it refuses is a usage error."""
+    try:
+        return load_oracle_class().from_checkpoint(directory)
+    except ValueError as e:
+        raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -93,6 +110,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     s = p.settings
     tol = p.tolerance
     summary = CheckSummary(setting=s.command(), tolerance=tol)
+    if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
+        return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
     for result in p.engine.rounds():
         summary.steps += 1
@@ -108,6 +127,19 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     if summary.first is not None and localize:
         _localize(p, summary, writer)
     writer.write(summary_record(s, summary))
+    return summary
+
+
+def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:
+    """The engine's parsed checkpoint differs from the oracle's own reading:
+    one `load` record per key or tensor, the summary names the first."""
+    for m in p.load_mismatches:
+        writer.write({**asdict(m), "setting": summary.setting, "verdict": "diverge"})
+    first = p.load_mismatches[0]
+    summary.load_mismatches = len(p.load_mismatches)
+    summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
+    summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    writer.write(summary_record(p.settings, summary))
     return summary
 
 

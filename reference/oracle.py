@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig
+from reference.checkpoint import load_checkpoint
 from reference.model import DenseLlama
 
 
@@ -44,6 +45,18 @@ class DenseOracle:
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor]) -> None:
         self.config = config
         self.model = DenseLlama(config, weights)
+
+    @classmethod
+    def from_checkpoint(cls, directory, **options) -> "DenseOracle":
+        """The oracle over its own reading of a checkpoint directory
+        (reference/checkpoint.py); raises CheckpointRefused (a ValueError)."""
+        config, weights = load_checkpoint(directory)
+        return cls(config, weights, **options)
+
+    def weight(self, name: str) -> Tensor:
+        """The float64 tensor the oracle computes with under `name` (for a
+        tied checkpoint, lm_head.weight is the embedding)."""
+        return self.model.w[name]
 
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> Tensor:
