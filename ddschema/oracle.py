@@ -28,6 +28,16 @@ class Oracle(Protocol):
         """The tensor it computes with under a Hugging Face name (float64;
         `lm_head.weight` is the embedding when the embeddings are tied)."""
 
+    def acceptance(self, tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor):
+        """Its own greedy walk over a tree given its logits [n, vocab]: an
+        object with `rows` (accepted rows, root first), `bonus` and `gaps`
+        (top-1 minus top-2 logit at each accepted row)."""
+
+    def draft_tree(self, root_token: int, draft_logprobs: torch.Tensor, budget: int, topk: int):
+        """Its own best-first DDTree from draft log-probs [L, vocab]: an object
+        with `tokens`, `parents` (-1 for the root), `depths`, `scores` and
+        `paths()` (each row's draft tokens, root ())."""
+
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> torch.Tensor:
         """Float64 logits [n, vocab] of every tree node.

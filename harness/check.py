@@ -3,13 +3,14 @@ per (step, request, node), then the emitted streams against the oracle's
 greedy continuation."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from harness.attn import make_backend
 from harness.compare.metrics import compare_node
+from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.load_agreement import LoadMismatch, compare_loaded
@@ -31,6 +32,8 @@ class FirstDivergence:
     rel_err: float | None
     what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
     #                     | config | weights (the engine's loader disagrees with the oracle's reading)
+    #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
+    detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
 @dataclass
@@ -44,6 +47,9 @@ class CheckSummary:
     stream_mismatches: int = 0
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
     load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
+    tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
+    accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
+    reference_near_ties: int = 0    # tree or walk differences explained by a near tie
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -55,7 +61,7 @@ class CheckSummary:
     @property
     def passed(self) -> bool:
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
-                and self.load_mismatches == 0)
+                and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0)
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,9 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         for rs in result.requests:
-            _check_request_step(rs, p.oracle, tol, summary, writer)
+            ref = _check_request_step(rs, p.oracle, tol, summary, writer)
             _cross_check_acceptance(rs, s.accept, summary, writer)
+            _check_against_reference(p, rs, ref, summary, writer)
         _check_batch_padding(p, result.step, summary)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
@@ -149,7 +156,9 @@ def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
             "settings": s.to_dict(), **d}
 
 
-def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary, writer: RecordWriter) -> None:
+def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary,
+                        writer: RecordWriter) -> torch.Tensor:
+    """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
@@ -179,6 +188,32 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
                                 verdict, summary.setting))
+    return ref
+
+
+def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, summary: CheckSummary,
+                             writer: RecordWriter) -> None:
+    """The engine's tree (when its builder claims DDTree best-first and the
+    drafts are known) and its walk against the oracle's own."""
+    s = p.settings
+    verdicts = []
+    if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
+        verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, p.tolerance, summary.setting)))
+    for what, v in verdicts:
+        if v is None:
+            continue
+        writer.write(v.record)
+        if not v.diverged:
+            summary.reference_near_ties += 1
+            continue
+        if what == "tree":
+            summary.tree_mismatches += 1
+        else:
+            summary.accept_ref_mismatches += 1
+        if summary.first is None:
+            summary.first = FirstDivergence(rs.step, rs.rid, 0, None, rs.tree.num_padding > 0, None, what,
+                                            v.sentence)
 
 
 def _ignored_prefix_keys(vb, backend) -> int:
@@ -214,6 +249,11 @@ def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> 
     if ignored_prefix_keys:
         summary.notes.append(f"mask blocks {ignored_prefix_keys} prefix keys; {backend.name} does not read the "
                              "prefix columns (skip_prefix_custom_mask), so they stay visible")
+    if summary.tree_mismatches or summary.accept_ref_mismatches:
+        summary.notes.append(f"against the oracle's own build and walk: {summary.tree_mismatches} trees and "
+                             f"{summary.accept_ref_mismatches} walks differ (see the tree / accept-ref records)")
+    if summary.reference_near_ties:
+        summary.notes.append(f"{summary.reference_near_ties} tree or walk differences are near ties, not divergences")
     if summary.accept_mismatches:
         summary.notes.append(f"acceptance: walk and SGLang's verify_tree_greedy disagree on "
                              f"{summary.accept_mismatches} (step, request) pairs (see the accept records)")
@@ -256,10 +296,18 @@ def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.localize import localize
+    first = summary.first
+    if first.what == "tree":  # the localizer probes the verify forward; a tree is decided before it
+        summary.fault_class, summary.explanation = "tree", first.detail
+        return
     try:
-        loc = localize(p, summary.first)
+        loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
         summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+        summary.fault_class, summary.explanation = "accept-ref", first.detail

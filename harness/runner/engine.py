@@ -52,6 +52,7 @@ class RequestStep:
     row_slots: tuple[int, ...]  # [q_len] out_cache_loc of the rows
     acceptance: Acceptance
     cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
+    draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,10 @@ class Engine:
 
     def _round(self, step: int, active: list[Request]) -> StepResult:
         s, p = self.s, self.pipeline
-        trees = []
+        trees, drafts = [], []
         for r in active:
             lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
+            drafts.append(lp)
             trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
         loc = self.pool.allocator.alloc(len(active) * s.q_len).to(s.device)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
@@ -148,7 +150,7 @@ class Engine:
             acc = self.accept(tree, predicts)
             cross = self.cross_accept(tree, predicts) if self.cross_accept else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
-                                   tuple(loc[rows].tolist()), acc, cross))
+                                   tuple(loc[rows].tolist()), acc, cross, drafts[b]))
             r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len, loc[rows].cpu(), acc)
             r.emitted += [tree.tokens[i] for i in acc.rows[1:]] + [acc.bonus]
         return StepResult(step, tuple(out), vb)

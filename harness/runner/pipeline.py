@@ -21,3 +21,6 @@ class Pipeline:
     accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
     commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len
     graph: GraphOptions = GraphOptions()
+    # what build_tree claims to be: "ddtree-best-first" (the budget best draft prefixes, at most topk
+    # per depth) is checked against the oracle's own build every step; None (e.g. a port's own tree) is not
+    tree_builder: str | None = "ddtree-best-first"
