@@ -5,11 +5,36 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's frequency-dependent RoPE scaling (`rope_type` "llama3"):
+    wavelengths longer than original_max_position / low_freq_factor are
+    stretched by `factor`, shorter than original_max_position /
+    high_freq_factor are kept, and the band between is interpolated. Only the
+    numbers live here; each side implements the math on its own."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position: int
+
+    def __post_init__(self) -> None:
+        if self.rope_type != "llama3":
+            raise ValueError(f"RopeScaling supports rope_type 'llama3' only, got {self.rope_type!r}")
+        if not self.factor > 0 or not self.original_max_position >= 1:
+            raise ValueError("rope scaling needs factor > 0 and original_max_position >= 1")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError("rope scaling needs 0 < low_freq_factor < high_freq_factor")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU.
 
-    `qkv_bias` is Qwen2's bias on q/k/v projections; `qk_norm` is Qwen3's
-    per-head RMSNorm on q and k before RoPE.
+    `qkv_bias` is Qwen2's bias on q/k/v projections; `o_bias` a bias on
+    o_proj too (Llama's and Qwen3's `attention_bias` sets both); `qk_norm` is
+    Qwen3's per-head RMSNorm on q and k before RoPE; `rope_scaling` None is
+    plain RoPE.
     """
 
     vocab_size: int
@@ -25,6 +50,8 @@ class ModelConfig:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     max_position: int = 4096
+    o_bias: bool = False
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -49,6 +76,8 @@ def weight_names(cfg: ModelConfig) -> list[str]:
             names.append(p + f"self_attn.{proj}.weight")
         if cfg.qkv_bias:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if cfg.o_bias:
+            names.append(p + "self_attn.o_proj.bias")
         if cfg.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         for proj in ("gate_proj", "up_proj", "down_proj"):

@@ -16,6 +16,28 @@ from ddschema.config import ModelConfig
 class Oracle(Protocol):
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> None: ...
 
+    config: ModelConfig  # the oracle's own reading of the model
+
+    @classmethod
+    def from_checkpoint(cls, directory, **options) -> "Oracle":
+        """The oracle over its OWN reading of a Hugging Face checkpoint
+        directory (config.json + *.safetensors): the harness never hands it
+        parsed weights in a run. Raises ValueError for a checkpoint it refuses."""
+
+    def weight(self, name: str) -> torch.Tensor:
+        """The tensor it computes with under a Hugging Face name (float64;
+        `lm_head.weight` is the embedding when the embeddings are tied)."""
+
+    def acceptance(self, tokens: Sequence[int], parents: Sequence[int], logits: torch.Tensor):
+        """Its own greedy walk over a tree given its logits [n, vocab]: an
+        object with `rows` (accepted rows, root first), `bonus` and `gaps`
+        (top-1 minus top-2 logit at each accepted row)."""
+
+    def draft_tree(self, root_token: int, draft_logprobs: torch.Tensor, budget: int, topk: int):
+        """Its own best-first DDTree from draft log-probs [L, vocab]: an object
+        with `tokens`, `parents` (-1 for the root), `depths`, `scores` and
+        `paths()` (each row's draft tokens, root ())."""
+
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> torch.Tensor:
         """Float64 logits [n, vocab] of every tree node.

@@ -7,6 +7,9 @@ RECORD_KINDS = {
     "node": "one per (step, request, tree row): metrics against the oracle",
     "accept": "one per (step, request) where two acceptance implementations disagree",
     "stream": "one per request: emitted tokens against the oracle's greedy continuation",
+    "load": "one per config key or tensor where the engine's parsed checkpoint differs from the oracle's own reading",
+    "tree": "one per (step, request) whose tree is not the oracle's own best-first build from the same drafts",
+    "accept-ref": "one per (step, request) whose walk is not the oracle's own greedy walk over the same tree",
     "localize": "one per divergent run: mask probe, KV audit, layer bisect, explanation",
     "summary": "one per run: counts and the first divergence",
 }

@@ -3,16 +3,19 @@ per (step, request, node), then the emitted streams against the oracle's
 greedy continuation."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
 
 from harness.attn import make_backend
 from harness.compare.metrics import compare_node
+from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
-from harness.model.presets import load_model
+from harness.load_agreement import LoadMismatch, compare_loaded
+from harness.load_agreement import explain as explain_load
+from harness.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
 from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord
@@ -29,6 +32,9 @@ class FirstDivergence:
     padding_present: bool
     rel_err: float | None
     what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
+    #                     | config | weights (the engine's loader disagrees with the oracle's reading)
+    #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
+    detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
 @dataclass
@@ -41,6 +47,10 @@ class CheckSummary:
     steps: int = 0
     stream_mismatches: int = 0
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
+    load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
+    tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
+    accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
+    reference_near_ties: int = 0    # tree or walk differences explained by a near tie
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -57,6 +67,7 @@ class CheckSummary:
     @property
     def passed(self) -> bool:
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+                and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings))
 
 
@@ -70,6 +81,7 @@ class Prepared:
     prompts: list[PromptSpec]
     prompt_ids: list[list[int]]
     port: PortRun | None = None
+    load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
 
     @property
     def tolerance(self) -> float:
@@ -83,7 +95,10 @@ class Prepared:
 
 def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -> Prepared:
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
-    cfg, weights = load_model(s.model, s.seed)
+    with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
+        cfg, weights = load_checkpoint(directory)
+        oracle = load_oracle_from(directory, s.model)
+    load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
@@ -93,8 +108,16 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    oracle = load_oracle_class()(cfg, weights)
-    return Prepared(s, engine, oracle, specs, ids, port)
+    return Prepared(s, engine, oracle, specs, ids, load_mismatches, port)
+
+
+def load_oracle_from(directory, model: str):
+    """The registered oracle over its own reading of the checkpoint; a
+    checkpoint it refuses is a usage error."""
+    try:
+        return load_oracle_class().from_checkpoint(directory)
+    except ValueError as e:
+        raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -103,13 +126,16 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     tol = p.tolerance
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
                            port=p.port.describe() if p.port else None)
+    if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
+        return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
     for result in p.engine.rounds():
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         for rs in result.requests:
-            _check_request_step(rs, p.oracle, tol, summary, writer)
+            ref = _check_request_step(rs, p.oracle, tol, summary, writer)
             _cross_check_acceptance(rs, s.accept, summary, writer)
+            _check_against_reference(p, rs, ref, summary, writer)
         _check_batch_padding(p, result.step, summary)
         if p.port is not None:
             _audit_port_step(p, result, summary, writer)
@@ -123,13 +149,28 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     return summary
 
 
+def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:
+    """The engine's parsed checkpoint differs from the oracle's own reading:
+    one `load` record per key or tensor, the summary names the first."""
+    for m in p.load_mismatches:
+        writer.write({**asdict(m), "setting": summary.setting, "verdict": "diverge"})
+    first = p.load_mismatches[0]
+    summary.load_mismatches = len(p.load_mismatches)
+    summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
+    summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    writer.write(summary_record(p.settings, summary))
+    return summary
+
+
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
     d = {k: v for k, v in asdict(summary).items() if k != "setting"}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed,
             "settings": s.to_dict(), **d}
 
 
-def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary, writer: RecordWriter) -> None:
+def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary,
+                        writer: RecordWriter) -> torch.Tensor:
+    """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
@@ -159,6 +200,32 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
                                 verdict, summary.setting))
+    return ref
+
+
+def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, summary: CheckSummary,
+                             writer: RecordWriter) -> None:
+    """The engine's tree (when its builder claims DDTree best-first and the
+    drafts are known) and its walk against the oracle's own."""
+    s = p.settings
+    verdicts = []
+    if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
+        verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, p.tolerance, summary.setting)))
+    for what, v in verdicts:
+        if v is None:
+            continue
+        writer.write(v.record)
+        if not v.diverged:
+            summary.reference_near_ties += 1
+            continue
+        if what == "tree":
+            summary.tree_mismatches += 1
+        else:
+            summary.accept_ref_mismatches += 1
+        if summary.first is None:
+            summary.first = FirstDivergence(rs.step, rs.rid, 0, None, rs.tree.num_padding > 0, None, what,
+                                            v.sentence)
 
 
 def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordWriter) -> None:
@@ -214,6 +281,11 @@ def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> 
     if ignored_prefix_keys:
         summary.notes.append(f"mask blocks {ignored_prefix_keys} prefix keys; {backend.name} does not read the "
                              "prefix columns (skip_prefix_custom_mask), so they stay visible")
+    if summary.tree_mismatches or summary.accept_ref_mismatches:
+        summary.notes.append(f"against the oracle's own build and walk: {summary.tree_mismatches} trees and "
+                             f"{summary.accept_ref_mismatches} walks differ (see the tree / accept-ref records)")
+    if summary.reference_near_ties:
+        summary.notes.append(f"{summary.reference_near_ties} tree or walk differences are near ties, not divergences")
     if summary.accept_mismatches:
         summary.notes.append(f"acceptance: walk and SGLang's verify_tree_greedy disagree on "
                              f"{summary.accept_mismatches} (step, request) pairs (see the accept records)")
@@ -256,10 +328,18 @@ def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.localize import localize
+    first = summary.first
+    if first.what == "tree":  # the localizer probes the verify forward; a tree is decided before it
+        summary.fault_class, summary.explanation = "tree", first.detail
+        return
     try:
-        loc = localize(p, summary.first)
+        loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
         summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+        summary.fault_class, summary.explanation = "accept-ref", first.detail

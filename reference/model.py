@@ -10,7 +10,8 @@ Conventions (all Hugging Face's):
     angles = position * inv_freq, cos/sin of cat(angles, angles)
   * GQA: each kv head serves num_heads // num_kv_heads query heads
   * SwiGLU MLP: down(silu(gate(x)) * up(x))
-  * Qwen2 (`qkv_bias`): bias on q, k, v projections
+  * Qwen2 (`qkv_bias`): bias on q, k, v projections; `o_bias`: on o_proj too
+  * rope_scaling llama3: see reference/rope.py
   * Qwen3 (`qk_norm`): per-head RMSNorm over head_dim on q and k, before RoPE
 """
 from __future__ import annotations
@@ -21,7 +22,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, weight_names
+from ddschema.config import ModelConfig, RopeScaling, weight_names
+from reference.rope import rope_inv_freq
 
 DTYPE = torch.float64
 
@@ -52,9 +54,11 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """cos, sin tables [T, head_dim] float64 for integer positions [T]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=DTYPE) / head_dim))  # [d/2]
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float,
+                 scaling: RopeScaling | None = None) -> tuple[Tensor, Tensor]:
+    """cos, sin tables [T, head_dim] float64 for integer positions [T]
+    (frequencies scaled as reference/rope.py says when `scaling` is set)."""
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)  # [d/2]
     angles = positions.to(DTYPE)[:, None] * inv_freq[None, :]  # [T, d/2]
     emb = torch.cat((angles, angles), dim=-1)  # [T, d]
     return emb.cos(), emb.sin()
@@ -125,7 +129,7 @@ class DenseLlama:
             k = rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = attention(q, k, v, visible).reshape(t, c.num_heads * c.head_dim)  # [T, H*d]
-        return self._linear(out, p + "o_proj"), k, v
+        return self._linear(out, p + "o_proj", c.o_bias), k, v
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]."""
@@ -156,7 +160,7 @@ class DenseLlama:
             raise ValueError(f"visible must be [{t}, {t}], got {list(mask.shape)}")
         if not mask.any(dim=-1).all():
             raise ValueError("every row of visible must see at least one key")
-        cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta)  # [T, d] each
+        cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)  # [T, d] each
 
         h = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
         hiddens, ks, vs = [h], [], []

@@ -12,7 +12,10 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig
+from reference.accept import ReferenceAcceptance, greedy_acceptance
+from reference.checkpoint import load_checkpoint
 from reference.model import DenseLlama
+from reference.tree import ReferenceTree, best_first_tree
 
 
 def validate_tree(tokens: Sequence[int], parents: Sequence[int]) -> None:
@@ -44,6 +47,26 @@ class DenseOracle:
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor]) -> None:
         self.config = config
         self.model = DenseLlama(config, weights)
+
+    @classmethod
+    def from_checkpoint(cls, directory, **options) -> "DenseOracle":
+        """The oracle over its own reading of a checkpoint directory
+        (reference/checkpoint.py); raises CheckpointRefused (a ValueError)."""
+        config, weights = load_checkpoint(directory)
+        return cls(config, weights, **options)
+
+    def weight(self, name: str) -> Tensor:
+        """The float64 tensor the oracle computes with under `name` (for a
+        tied checkpoint, lm_head.weight is the embedding)."""
+        return self.model.w[name]
+
+    def acceptance(self, tokens: Sequence[int], parents: Sequence[int], logits: Tensor) -> ReferenceAcceptance:
+        """The oracle's own greedy walk over a tree (reference/accept.py)."""
+        return greedy_acceptance(tokens, parents, logits)
+
+    def draft_tree(self, root_token: int, draft_logprobs: Tensor, budget: int, topk: int) -> ReferenceTree:
+        """The oracle's own best-first DDTree from a draft distribution (reference/tree.py)."""
+        return best_first_tree(root_token, draft_logprobs, budget, topk)
 
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> Tensor:

@@ -117,6 +117,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("first divergence", "none")
     elif f.what == "accept":
         t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
+    elif f.what in ("tree", "accept-ref"):
+        t.add_row("first divergence", f"{f.what}: {f.detail}")
+    elif f.what in ("config", "weights"):
+        t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
     elif f.what == "stream":
         t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
     else:

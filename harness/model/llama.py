@@ -19,8 +19,7 @@ class LlamaModel:
         self.cfg = cfg
         self.dtype = dtype
         self.w = {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
-        half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
-        self.inv_freq = (1.0 / cfg.rope_theta ** half).to(device)  # [head_dim/2] float64
+        self.inv_freq = rope_frequencies(cfg).to(device)  # [head_dim/2] float64
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
                 pool: KVPool, backend: AttentionBackend,
@@ -60,7 +59,7 @@ class LlamaModel:
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         pool.set_kv(i, meta.out_cache_loc, k, v)  # K is cached after RoPE
         o = backend.forward(q, k, v, i, pool.k_buffer[i], pool.v_buffer[i], meta)
-        return F.linear(o.reshape(T, -1), w[p + "self_attn.o_proj.weight"])
+        return F.linear(o.reshape(T, -1), w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
 
     def _mlp(self, p, x) -> torch.Tensor:
         w = self.w
@@ -72,6 +71,21 @@ class LlamaModel:
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None]  # [T, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
+
+
+def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies [head_dim/2] float64; with llama3 scaling,
+    long wavelengths (> original / low_freq_factor) are divided by `factor`,
+    short ones (< original / high_freq_factor) kept, and the band between
+    interpolated linearly in original / wavelength."""
+    half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim
+    inv_freq = 1.0 / cfg.rope_theta ** half  # [d/2]
+    r = cfg.rope_scaling
+    if r is None:
+        return inv_freq
+    ratio = r.original_max_position * inv_freq / (2 * torch.pi)  # original / wavelength, [d/2]
+    blend = ((ratio - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)).clamp(0.0, 1.0)
+    return inv_freq / r.factor * (1 - blend) + inv_freq * blend
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from ddschema import ModelConfig, weight_names
+from harness.model.hf_config import ModelLoadError, config_from_hf, config_to_hf  # noqa: F401  (re-exported)
 
 PRESETS: dict[str, ModelConfig] = {
     # fast enough for CI on 2 cores, even under the Triton interpreter
@@ -19,13 +23,6 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-qwen2": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                               num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True),
 }
-
-SUPPORTED_ARCHS = {"LlamaForCausalLM": {}, "Qwen2ForCausalLM": {"qkv_bias": True},
-                   "Qwen3ForCausalLM": {"qk_norm": True}}
-
-
-class ModelLoadError(ValueError):
-    """A preset or checkpoint that cannot be loaded (a usage error)."""
 
 
 def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -54,6 +51,8 @@ def weight_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
     if name.endswith("norm.weight") or "layernorm" in name:
         return (cfg.head_dim,) if "_norm" in name and "self_attn" in name else (cfg.hidden_size,)
     if name.endswith(".bias"):
+        if ".o_proj" in name:
+            return (cfg.hidden_size,)
         return (cfg.num_heads * cfg.head_dim if ".q_proj" in name else cfg.num_kv_heads * cfg.head_dim,)
     return _shape(cfg, name)
 
@@ -67,33 +66,6 @@ def _shape(cfg: ModelConfig, name: str) -> tuple[int, int]:
         if key in name:
             return shape
     raise KeyError(name)
-
-
-def config_from_hf(hf: dict) -> ModelConfig:
-    """Raises ModelLoadError for an unsupported architecture or impossible
-    values, KeyError for a missing field."""
-    if not isinstance(hf, dict):
-        raise ModelLoadError(f"config.json holds a {type(hf).__name__}, not an object")
-    arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
-    heads = hf["num_attention_heads"]
-    rope = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
-    flags = dict(SUPPORTED_ARCHS[arch])
-    if arch == "LlamaForCausalLM" and hf.get("attention_bias"):
-        flags["qkv_bias"] = True
-    fields = dict(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads),
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=float(rope),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position=hf.get("max_position_embeddings", 4096), **flags)
-    try:
-        return ModelConfig(**fields)
-    except (TypeError, ValueError) as e:
-        raise ModelLoadError(f"config.json describes no valid model: {e}") from None
 
 
 def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -131,6 +103,30 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ModelLoadError(f"--model {path}: {n} has shape {list(weights[n].shape)}, config.json implies "
                              f"{list(weight_shape(cfg, n))} (and {len(wrong) - 1} more mismatches)")
     return cfg, {n: weights[n].float() for n in weight_names(cfg)}
+
+
+def write_checkpoint(directory: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:
+    """A Hugging Face checkpoint directory (config.json + model.safetensors) of cfg and weights."""
+    from safetensors.torch import save_file
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config_to_hf(cfg), indent=1))
+    save_file({n: weights[n].contiguous() for n in weight_names(cfg)}, str(directory / "model.safetensors"))
+    return directory
+
+
+@contextmanager
+def checkpoint_dir(model: str, seed: int) -> Iterator[Path]:
+    """The checkpoint directory both sides load a run's model from: the
+    directory itself, or a preset's seeded weights written to a temporary
+    directory for the length of the block (so the oracle reads a preset from
+    disk on its own, exactly like a real checkpoint)."""
+    if model in PRESETS:
+        with tempfile.TemporaryDirectory(prefix="ddcheck-preset-") as d:
+            yield write_checkpoint(Path(d), PRESETS[model], random_weights(PRESETS[model], seed))
+    elif "/" in model or Path(model).exists():
+        yield Path(model)
+    else:
+        raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} (or a checkpoint directory)")
 
 
 def load_model(model: str, seed: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:

@@ -123,8 +123,9 @@ def audit_step(log: AuditLog, step: int, vb: VerifyBatch, trees: list[DraftTree]
 def port_pipeline(base: Pipeline, ps: PortStages) -> Pipeline:
     """`base` with the port's stages swapped in."""
     swaps = {}
-    if "build" in ps.stages:
+    if "build" in ps.stages:   # the port's own tree: whatever heuristics chose it, not checked as DDTree's
         swaps["build_tree"] = ps.build_tree
+        swaps["tree_builder"] = None
     if "compile" in ps.stages:
         swaps["build_verify_batch"] = ps.build_verify_batch
     if "accept" in ps.stages:

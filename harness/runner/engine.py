@@ -52,6 +52,7 @@ class RequestStep:
     row_slots: tuple[int, ...]  # [q_len] out_cache_loc of the rows
     acceptance: Acceptance
     cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
+    draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -133,9 +134,10 @@ class Engine:
 
     def _round(self, step: int, active: list[Request]) -> StepResult:
         s, p = self.s, self.pipeline
-        trees = []
+        trees, drafts = [], []
         for r in active:
             lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
+            drafts.append(lp)
             trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
         q = self.q_len
         if any(t.q_len != q for t in trees):
@@ -153,7 +155,7 @@ class Engine:
             acc = self.accept(tree, predicts)
             cross = self.cross_accept(tree, predicts) if self.cross_accept else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
-                                   tuple(loc[rows].tolist()), acc, cross))
+                                   tuple(loc[rows].tolist()), acc, cross, drafts[b]))
         self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu())
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]

@@ -26,6 +26,9 @@ class Pipeline:
     accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
     commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len
     graph: GraphOptions = GraphOptions()
+    # what build_tree claims to be: "ddtree-best-first" (the budget best draft prefixes, at most topk
+    # per depth) is checked against the oracle's own build every step; None (e.g. a port's own tree) is not
+    tree_builder: str | None = "ddtree-best-first"
     width: Callable[[int], int] = verify_width      # budget -> verify width q_len
     # a batched commit replaces `commit` when set (a port's own commit code):
     # (req_pool, kv_pool, req_pool_indices, seq_lens, out_cache_loc [bs*q_len], trees, acceptances) -> seq_lens

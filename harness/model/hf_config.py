@@ -1,0 +1,108 @@
+"""config.json <-> ModelConfig on the engine's side: which Hugging Face keys
+the engine implements, and a one-line refusal (ModelLoadError, exit 2) for
+every key that would change the math and that it does not implement."""
+from __future__ import annotations
+
+from ddschema import ModelConfig, RopeScaling
+
+
+class ModelLoadError(ValueError):
+    """A preset or checkpoint that cannot be loaded (a usage error)."""
+
+
+# architecture -> flags it implies, whether it reads `attention_bias`, HF's max_position_embeddings default
+SUPPORTED_ARCHS = {"LlamaForCausalLM": ({}, True, 2048),
+                   "Qwen2ForCausalLM": ({"qkv_bias": True}, False, 32768),
+                   "Qwen3ForCausalLM": ({"qk_norm": True}, True, 32768)}
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _refusals(hf: dict, arch: str) -> list[str]:
+    """Every math-changing key present that the engine does not implement."""
+    found = []
+    if hf.get("hidden_act", "silu") != "silu":
+        found.append(f"hidden_act {hf['hidden_act']!r} (only silu)")
+    if hf.get("mlp_bias"):
+        found.append("mlp_bias")
+    found += [f"{k} (soft-capping)" for k in ("attn_logit_softcapping", "final_logit_softcapping")
+              if hf.get(k) is not None]
+    windowed = hf.get("sliding_window") is not None if arch == "LlamaForCausalLM" else hf.get("use_sliding_window")
+    if windowed or "sliding_attention" in (hf.get("layer_types") or ()):
+        found.append("sliding-window attention")
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        found.append(f"partial_rotary_factor {partial}")
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in ("default", "llama3"):
+        found.append(f"rope type {kind!r} (default and llama3 only)")
+    return found
+
+
+def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
+    rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+    theta = float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    if (rope.get("rope_type") or rope.get("type") or "default") == "default":
+        return theta, None
+    absent = [k for k in LLAMA3_KEYS if k not in rope]
+    if absent:
+        raise ModelLoadError(f"llama3 rope scaling lacks {', '.join(absent)}")
+    return theta, RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
+                              float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Raises ModelLoadError for an unsupported architecture, a math-changing
+    key the engine does not implement or impossible values, KeyError for a
+    missing field."""
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f"config.json holds a {type(hf).__name__}, not an object")
+    arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+    refused = _refusals(hf, arch)
+    if refused:
+        raise ModelLoadError(f"config.json sets {refused[0]}, which changes the math and is not supported")
+    implied, reads_bias, max_default = SUPPORTED_ARCHS[arch]
+    flags = dict(implied)
+    if reads_bias and hf.get("attention_bias"):
+        flags.update(qkv_bias=True, o_bias=True)  # Llama and Qwen3: bias on q, k, v and o
+    heads = hf["num_attention_heads"]
+    theta, scaling = _rope(hf)
+    fields = dict(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=theta,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position=hf.get("max_position_embeddings") or max_default, rope_scaling=scaling, **flags)
+    try:
+        return ModelConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ModelLoadError(f"config.json describes no valid model: {e}") from None
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """The config.json a Hugging Face checkpoint of `cfg` carries (what
+    config_from_hf reads back as `cfg`)."""
+    if cfg.qk_norm:
+        arch = "Qwen3ForCausalLM"
+    elif cfg.qkv_bias and not cfg.o_bias:
+        arch = "Qwen2ForCausalLM"
+    else:
+        arch = "LlamaForCausalLM"
+    if cfg.o_bias != (cfg.qkv_bias and arch != "Qwen2ForCausalLM") or (cfg.qk_norm and cfg.qkv_bias != cfg.o_bias):
+        raise ModelLoadError("no Hugging Face architecture has this combination of attention biases")
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scaling is not None:
+        r = cfg.rope_scaling
+        rope.update(rope_type=r.rope_type, factor=r.factor, low_freq_factor=r.low_freq_factor,
+                    high_freq_factor=r.high_freq_factor, original_max_position_embeddings=r.original_max_position)
+    return {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "hidden_act": "silu",
+            "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position,
+            "attention_bias": cfg.o_bias, "rope_parameters": rope}

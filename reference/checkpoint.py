@@ -1,0 +1,148 @@
+"""The oracle reads a Hugging Face checkpoint directory on its own: its own
+config.json mapping and its own safetensors parser (the format is an 8-byte
+little-endian header length, a JSON header naming each tensor's dtype, shape
+and byte range, then the raw bytes). Nothing here comes from harness/ or the
+safetensors package, so a loader bug on the engine's side cannot hide in
+both readings at once.
+
+Every config key that changes the math is either implemented (in
+reference/model.py, reference/rope.py) or refused with CheckpointRefused:
+never silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ddschema.config import ModelConfig, RopeScaling, weight_names
+
+
+class CheckpointRefused(ValueError):
+    """A checkpoint the oracle cannot read faithfully (one line, a usage error)."""
+
+
+# architecture -> (qkv_bias forced, qk_norm, honours attention_bias, default max_position_embeddings)
+# (Hugging Face's defaults: Llama 2048, Qwen2 and Qwen3 32768)
+ARCHITECTURES = {
+    "LlamaForCausalLM": (False, False, True, 2048),
+    "Qwen2ForCausalLM": (True, False, False, 32768),
+    "Qwen3ForCausalLM": (False, True, True, 32768),
+}
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                      "BF16": torch.bfloat16}
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """Every tensor of one .safetensors file, as float64 on CPU."""
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise CheckpointRefused(f"{Path(path).name}: too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if 8 + header_len > len(data):
+        raise CheckpointRefused(f"{Path(path).name}: header runs past the end of the file")
+    header = json.loads(data[8:8 + header_len].decode("utf-8"))
+    body = memoryview(data)[8 + header_len:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
+            raise CheckpointRefused(f"{Path(path).name}: {name} has dtype {entry['dtype']}, "
+                                    f"the oracle reads {', '.join(SAFETENSORS_DTYPES)}")
+        begin, end = entry["data_offsets"]
+        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin \
+            else torch.empty(0, dtype=dtype)  # [numel] little-endian, as the format stores it
+        out[name] = flat.reshape(entry["shape"]).to(torch.float64)
+    return out
+
+
+def rope_scaling_of(hf: dict) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, scaling) from either spelling: transformers 5's
+    `rope_parameters` or 4.x's top-level `rope_theta` plus `rope_scaling`."""
+    params = dict(hf.get("rope_scaling") or {})
+    params.update(hf.get("rope_parameters") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise CheckpointRefused("partial_rotary_factor != 1 (partial RoPE) is not supported")
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise CheckpointRefused(f"rope type {kind!r} is not supported (default and llama3 are)")
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if key not in params:
+            raise CheckpointRefused(f"llama3 rope scaling lacks {key}")
+    try:
+        return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
+                                  float(params["high_freq_factor"]),
+                                  int(params["original_max_position_embeddings"]))
+    except ValueError as e:
+        raise CheckpointRefused(f"llama3 rope scaling: {e}") from None
+
+
+def refuse_unsupported_math(hf: dict, arch: str) -> None:
+    """Raise CheckpointRefused for a key that would change the forward pass
+    and that this oracle does not implement."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointRefused(f"hidden_act {hf['hidden_act']!r} is not supported (silu is)")
+    if hf.get("mlp_bias"):
+        raise CheckpointRefused("mlp_bias is not supported")
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise CheckpointRefused(f"{key} (soft-capping) is not supported")
+    sliding = hf.get("use_sliding_window") if arch != "LlamaForCausalLM" else hf.get("sliding_window")
+    if sliding or "sliding_attention" in (hf.get("layer_types") or []):
+        raise CheckpointRefused("sliding-window attention is not supported")
+
+
+def read_config(hf: dict) -> ModelConfig:
+    """config.json (already parsed) -> ModelConfig. Raises CheckpointRefused."""
+    if not isinstance(hf, dict):
+        raise CheckpointRefused("config.json is not a JSON object")
+    arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch not in ARCHITECTURES:
+        raise CheckpointRefused(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)} are)")
+    refuse_unsupported_math(hf, arch)
+    qkv_bias, qk_norm, honours_bias, default_max = ARCHITECTURES[arch]
+    attention_bias = bool(hf.get("attention_bias", False)) and honours_bias
+    theta, scaling = rope_scaling_of(hf)
+    try:
+        heads = int(hf["num_attention_heads"])
+        return ModelConfig(
+            vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads), rope_theta=theta,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qkv_bias=qkv_bias or attention_bias,
+            qk_norm=qk_norm, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position=int(hf.get("max_position_embeddings") or default_max),
+            o_bias=attention_bias, rope_scaling=scaling)
+    except KeyError as e:
+        raise CheckpointRefused(f"config.json lacks {e}") from None
+    except (TypeError, ValueError) as e:
+        raise CheckpointRefused(f"config.json describes no valid model: {e}") from None
+
+
+def load_checkpoint(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(config, float64 tensors under Hugging Face names) of a checkpoint
+    directory: config.json plus every *.safetensors file in it."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise CheckpointRefused(f"{directory}: no config.json")
+    try:
+        cfg = read_config(json.loads((directory / "config.json").read_text()))
+    except ValueError as e:
+        raise CheckpointRefused(f"{directory}: {e}") from None
+    weights: dict[str, Tensor] = {}
+    for f in sorted(directory.glob("*.safetensors")):
+        weights.update(read_safetensors(f))
+    missing = [n for n in weight_names(cfg) if n not in weights]
+    if missing:
+        raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+    return cfg, {n: weights[n] for n in weight_names(cfg)}
