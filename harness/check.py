@@ -108,7 +108,7 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    return Prepared(s, engine, oracle, specs, ids, load_mismatches, port)
+    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port)
 
 
 def load_oracle_from(directory, model: str):
