@@ -20,7 +20,7 @@ from typing import Callable
 
 from harness.records import RecordWriter
 from harness.report.model import expected_fault_caught
-from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings
+from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,15 @@ def short_label(s: RunSettings) -> str:
             f"{s.dtype}{fault}{port}")
 
 
-def with_impls(jobs: list[SettingJob], impls: list[str] | None) -> list[SettingJob]:
+def with_impls(jobs: list[SettingJob], impls: list[str] | None, port_stages: str | None = None) -> list[SettingJob]:
     """Every job once per port under test (--impl, repeatable: a sweep axis)."""
     if not impls:
+        if port_stages:
+            raise UsageError("--port-stages needs --impl")
         return jobs
     from harness.ports.registry import parse_impl
     labels = [parse_impl(i).label for i in impls]
-    out = [replace(j, settings=replace(j.settings, impl=lab)) for lab in labels for j in jobs]
+    out = [replace(j, settings=replace(j.settings, impl=lab, port_stages=port_stages)) for lab in labels for j in jobs]
     return [replace(j, index=i) for i, j in enumerate(out)]
 
 

@@ -128,8 +128,9 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
                   f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
     if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
         pt = summary.port
+        stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""
         t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
-                                 f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}"))
+                                 f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
                                   + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
     if summary.explanation:

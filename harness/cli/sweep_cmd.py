@@ -105,6 +105,7 @@ def sweep(
     out: Path = typer.Option(Path("reports/sweep.jsonl"), help="one JSONL for the whole sweep"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
     impl: Optional[List[str]] = typer.Option(None, help="a port under test, FAMILY:PATH (repeatable: an axis)"),
+    port_stages: Optional[str] = typer.Option(None, help="with --impl: which of the port's stages to use"),
 ) -> None:
     """Check every setting of a matrix; exit 0 all match, 1 any divergence, 2 usage."""
     try:
@@ -118,7 +119,7 @@ def sweep(
             job_list = plan_case(case, matrix_flags, run_flags, device, fault)
         else:
             job_list = plan_flags(matrix_flags, run_flags, device, fault)
-        job_list = with_impls(job_list, impl)
+        job_list = with_impls(job_list, impl, port_stages)
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)

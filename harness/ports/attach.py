@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from harness.ports.audit import Finding
 from harness.ports.protocol import Conventions
 from harness.ports.registry import load_adapter, parse_impl
-from harness.ports.stages import AuditLog, PortStages, audit_step, parse_stages, port_pipeline
+from harness.ports.stages import STAGE_FIELDS, AuditLog, PortStages, audit_step, parse_stages, port_pipeline
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import RunSettings
 from harness.spec.tree import expected_num_nodes
@@ -58,9 +58,9 @@ def _fault_overridden(s: RunSettings, pipeline: Pipeline, stages: PortStages) ->
     """A fault swaps one of ddcheck's stages; if the port replaces that stage, the fault cannot show."""
     if not s.fault:
         return None
-    swapped = port_pipeline(Pipeline(), stages)
     faulted = {f for f in Pipeline.__dataclass_fields__ if getattr(pipeline, f) is not getattr(Pipeline(), f)}
-    lost = sorted(f for f in faulted if getattr(swapped, f) is not getattr(Pipeline(), f))
+    owned = {f for st in stages.stages for f in STAGE_FIELDS[st]}
+    lost = sorted(faulted & owned)
     if lost:
         return f"fault {s.fault} changes ddcheck's {', '.join(lost)}, which the port's own stages replace"
     return None

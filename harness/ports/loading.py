@@ -126,6 +126,11 @@ def load_port_module(path: Path) -> LoadedPort:
         raise PortError(f"{path} failed to import: {type(e).__name__}: {e}".splitlines()[0]) from None
     finally:
         sys.meta_path.remove(finder)
+        # the port keeps what it took from its stubs; the process does not (a later load, or a real
+        # import of the same name, must not find a stub)
+        for name in finder.stubbed + failed:
+            if isinstance(sys.modules.get(name), _StubModule):
+                del sys.modules[name]
     return LoadedPort(module, path, tuple(dict.fromkeys(finder.stubbed + failed)))
 
 

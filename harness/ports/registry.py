@@ -10,7 +10,7 @@ from typing import Callable
 from harness.ports.protocol import PortAdapter, PortError
 
 ENTRY_POINT_GROUP = "ddcheck.ports"
-BUILTIN = ("ddtree_utils", "dflash_tree", "sglang_eagle")
+BUILTIN = ("ddtree_utils", "dflash_tree", "dflash2_beam", "sglang_eagle")
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,10 @@ def parse_impl(text: str) -> ImplSpec:
     fam = fams[fam_name]
     if fam.needs_path and not path:
         raise PortError(f"--impl {fam_name} needs a path: --impl {fam_name}:PATH (the port's file or checkout)")
-    if path and not Path(path).exists():
-        raise PortError(f"--impl {text!r}: {path} does not exist")
-    return ImplSpec(fam_name, Path(path) if path else None)
+    where = Path(path).expanduser() if path else None
+    if where is not None and not where.exists():
+        raise PortError(f"--impl {text!r}: {where} does not exist")
+    return ImplSpec(fam_name, where)
 
 
 def load_adapter(spec: ImplSpec) -> PortAdapter:

@@ -120,6 +120,11 @@ def audit_step(log: AuditLog, step: int, vb: VerifyBatch, trees: list[DraftTree]
         log.add(audit_acceptance(step, b, tree, predicts[b], acceptances[b]))
 
 
+# the Pipeline fields each port stage stands in for (the port's compile builds the mask itself)
+STAGE_FIELDS = {"build": ("build_tree", "tree_builder"), "compile": ("build_mask", "build_verify_batch"),
+                "accept": ("accept",), "commit": ("commit", "commit_batch")}
+
+
 def port_pipeline(base: Pipeline, ps: PortStages) -> Pipeline:
     """`base` with the port's stages swapped in."""
     swaps = {}
