@@ -24,6 +24,8 @@ was expected, in one line.
     batch = [2]
     dtype = ["float32"]
     fault = "padded-kv-visible"        # optional: switch a fault on (the gate must then fail)
+    acceptance = { mean_accepted_length = 3.4, band = 0.3 }   # optional: the gate fails a setting of
+                                       # this table whose mean accepted length is below 3.4 - 0.3
 
     [[faults]]                         # faults the gate must catch, with the settings they run under
     name = "padded-kv-visible"
@@ -45,6 +47,7 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness.compare.acceptance_stats import AcceptanceBaseline
 from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, PromptSpec, RunSettings, UsageError
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
@@ -70,6 +73,7 @@ class Matrix:
     axes: dict  # axis -> tuple of values, every axis of AXES present
     fault: str | None = None
     accept: str = "walk"
+    acceptance: AcceptanceBaseline | None = None  # the floor its settings' mean accepted length must hold
 
     def settings(self, base: RunSettings) -> list[RunSettings]:
         values = [self.axes[a] for a in AXES]
@@ -105,6 +109,10 @@ class Case:
             for s in m.settings(self.base):
                 out.setdefault(self.with_tolerance(s), m.label)
         return list(out.items())
+
+    def acceptance_for(self, label: str) -> AcceptanceBaseline | None:
+        """The acceptance baseline of the matrix table named `label`, if it holds one."""
+        return next((m.acceptance for m in self.matrix if m.label == label), None)
 
     def with_tolerance(self, s: RunSettings) -> RunSettings:
         """The case's tolerance for the setting's dtype, when it names one."""
@@ -155,7 +163,7 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
 
 
 def _matrix(path: Path, table: dict, where: str, label: str, extra: set) -> Matrix:
-    _check_keys(path, table, set(AXES) | {"label", "fault", "accept"} | extra, where)
+    _check_keys(path, table, set(AXES) | {"label", "fault", "accept", "acceptance"} | extra, where)
     axes = {a: _axis(path, table, a, where) for a in AXES}
     fault = table.get("fault")
     if fault is not None and not isinstance(fault, str):
@@ -163,7 +171,21 @@ def _matrix(path: Path, table: dict, where: str, label: str, extra: set) -> Matr
     accept = _get(path, table, "accept", where, str, "walk", "'walk' or 'sglang'")
     if accept not in ("walk", "sglang"):
         raise _fail(path, f"{where}accept", "'walk' or 'sglang'", accept)
-    return Matrix(_get(path, table, "label", where, str, label, "a string"), axes, fault, accept)
+    return Matrix(_get(path, table, "label", where, str, label, "a string"), axes, fault, accept,
+                  _acceptance(path, table.get("acceptance"), where))
+
+
+def _acceptance(path: Path, raw, where: str) -> AcceptanceBaseline | None:
+    if raw is None:
+        return None
+    expected = "a table { mean_accepted_length = N (>= 1), band = M (>= 0) }"
+    if not isinstance(raw, dict) or set(raw) != {"mean_accepted_length", "band"}:
+        raise _fail(path, f"{where}acceptance", expected, raw)
+    values = {k: _get(path, raw, k, f"{where}acceptance.", float, None, "a number") for k in raw}
+    try:
+        return AcceptanceBaseline(values["mean_accepted_length"], values["band"])
+    except ValueError:
+        raise _fail(path, f"{where}acceptance", expected, raw) from None
 
 
 def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:

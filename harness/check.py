@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 
 from harness.attn import make_backend
+from harness.compare.acceptance_stats import AcceptanceTally
 from harness.compare.metrics import compare_node
 from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.compare.tolerance import matmul_precision, rel_tolerance
@@ -51,6 +52,8 @@ class CheckSummary:
     tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
     accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
     reference_near_ties: int = 0    # tree or walk differences explained by a near tie
+    mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
+    acceptance_by_depth: list[float] = field(default_factory=list)  # [depth - 1] P(walk reaches depth | offered)
     max_rel_err: float = 0.0
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -129,6 +132,7 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
         return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
+    tally = AcceptanceTally()
     for result in p.engine.rounds():
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
@@ -136,11 +140,13 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
             ref = _check_request_step(rs, p.oracle, tol, summary, writer)
             _cross_check_acceptance(rs, s.accept, summary, writer)
             _check_against_reference(p, rs, ref, summary, writer)
+            tally.add(rs.tree, rs.acceptance)
         _check_batch_padding(p, result.step, summary)
         if p.port is not None:
             _audit_port_step(p, result, summary, writer)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
+    summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
     _check_streams(p, summary, writer)
     _add_notes(p, summary, ignored_prefix_keys)
     if summary.first is not None and localize:

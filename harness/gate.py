@@ -36,7 +36,8 @@ def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
         for s, label in case.labelled_settings():
             if inject and not s.fault and not why_cannot_show(inject, s, vocab):
                 s = replace(s, fault=inject)  # where it cannot show, the setting runs fault-free
-            jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, label))
+            jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, label,
+                                   acceptance=None if s.fault else case.acceptance_for(label)))
         for f in case.faults:
             for s in map(case.with_tolerance, f.under.settings(case.base)):
                 jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, f"fault {f.name}", f.name))
@@ -55,6 +56,9 @@ def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]
             passed, msg = r.passed, ""
             if not r.passed:
                 msg = f"diverged: {first}" + (f"; {explanation}" if explanation else "")
+            elif job.acceptance is not None and r.usage_error is None:
+                short = job.acceptance.shortfall(r.summary.get("mean_accepted_length"))
+                passed, msg = short is None, f"acceptance: {short}" if short else ""
             out.append(Verdict(job.case, "setting", name, r.setting, passed, msg, r.wall_s))
             continue
         fault = catalog()[job.expect_fault]

@@ -31,6 +31,7 @@ class SettingJob:
     case: str = "sweep"
     label: str = ""                  # the matrix table or expected fault it came from
     expect_fault: str | None = None  # set when the gate expects this run to be caught
+    acceptance: object | None = None  # an AcceptanceBaseline the run's mean accepted length must hold
 
     @property
     def cost(self) -> int:

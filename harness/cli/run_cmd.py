@@ -112,6 +112,9 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("padding rows seen", str(summary.padding_rows))
     t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))
+    if summary.mean_accepted_length is not None:
+        depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
+        t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")
     f = summary.first
     if f is None:
         t.add_row("first divergence", "none")
