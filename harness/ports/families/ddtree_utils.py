@@ -42,7 +42,8 @@ CONVENTIONS = Conventions(
     budget_counts_root=False,
     topk_rule="K = the last dim of draft_top_log_probs (the run's --topk); logits versions: min(budget, vocab)",
     padding="token 0 at position prefix (depth 0), parent -1; each padding row sees only its own diagonal",
-    mask="allow-bool, flat per-request [q, prefix+q] blocks (first versions: additive float [bs, q, max_prefix+q])",
+    mask="allow-bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
+         "rectangle, additive 0 / -max, then 1.0 / 0.0)",
     stages=("build", "compile", "accept", "commit"),
     functions=("build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree", "compact_ddtree_kv_cache"),
 )
@@ -71,6 +72,15 @@ def native_tree(trees: list[DraftTree], budget: int):
         for i in range(n):
             vis[b, i, t.ancestors(i)] = True
     return ids, depths, parents, vis, torch.tensor([t.num_rows for t in trees], dtype=torch.long)
+
+
+def float_mask_meaning(mask: torch.Tensor) -> str:
+    """How a version means its mask: bool allows; a float mask with large negatives is
+    additive (0 visible, the first versions); a float 0/1 mask allows where nonzero
+    (the versions that fed SGLang's Triton kernel 1.0 / 0.0)."""
+    if not mask.is_floating_point():
+        return "allow"
+    return "additive" if bool((mask < -1.0).any()) else "nonzero"
 
 
 class DDTreeUtils:
@@ -129,7 +139,7 @@ class DDTreeUtils:
             raise PortError(f"{self.path}: compile_ddtree_tree built no mask with build_attention_mask=True")
         # as the port laid it out and meant it; the kernel reads it flat either way
         layout = "rectangle" if mask.dim() == 3 else "flat"
-        meaning = "additive" if mask.is_floating_point() else "allow"
+        meaning = float_mask_meaning(mask)
         return CompiledVerify(input_ids.reshape(-1), positions.reshape(-1), PortMask(mask, meaning, layout))
 
     # -- accept ----------------------------------------------------------------------
