@@ -2,7 +2,7 @@
 and why a setting is one the port cannot run."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from harness.ports.audit import Finding
 from harness.ports.protocol import Conventions
@@ -33,10 +33,12 @@ class PortRun:
         stubbed = getattr(self.stages.adapter, "stubbed", ())
         return {"impl": self.label, "family": c.family, "port_stages": list(self.stages.stages),
                 "ddcheck_stages": [s for s in ("build", "compile", "accept", "commit") if s not in self.stages.stages],
-                "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed)}
+                "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed),
+                "conventions": {k: v for k, v in asdict(c).items()}}
 
     def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool) -> list[Finding]:
-        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix)
+        conv = self.conventions if "compile" in self.stages.stages else None
+        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv)
         self.log.step = step + 1
         return self.log.drain()
 

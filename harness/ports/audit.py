@@ -109,6 +109,21 @@ def audit_inputs(step: int, b: int, tree: DraftTree, prefix: int, ids: list[int]
     return out
 
 
+def audit_padding_inputs(step: int, b: int, tree: DraftTree, prefix: int, ids: list[int], pos: list[int],
+                         declared: tuple[int | None, int | None]) -> list[Finding]:
+    """Padding rows against the port's declared convention; their logits are never
+    judged, so a difference is a warning (it shows only in padding K/V)."""
+    tok, p = declared
+    rows = range(tree.num_rows, tree.q_len)
+    bad = [i for i in rows if (tok is not None and ids[i] != tok) or (p is not None and pos[i] != p)]
+    if not bad:
+        return []
+    i = bad[0]
+    return [Finding("padding-convention", "warning", step, b,
+                    f"padding rows {_span(bad)} carry (token, position) other than the declared convention "
+                    f"(row {i}: ({ids[i]}, {pos[i]}), declared ({tok}, {p}))", tuple(bad))]
+
+
 def audit_layout(step: int, declared_layout: str, prefix_lens: list[int], port_numel: int,
                  expected_numel: int) -> list[Finding]:
     out = []

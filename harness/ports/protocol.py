@@ -40,11 +40,23 @@ class Conventions:
     greedy_only: bool = True
     page_size: int = 1
     functions: tuple[str, ...] = ()   # the port's functions the adapter calls
+    # the declared padding-row inputs, audited every step: token ("zero" | "root") and
+    # position ("prefix": the root's, "zero"); None: not declared
+    padding_token: str | None = None
+    padding_position: str | None = None
 
     def __post_init__(self) -> None:
         bad = set(self.stages) - set(STAGES)
         if bad or not self.stages:
             raise ValueError(f"{self.family}: stages must be a non-empty subset of {STAGES}, got {self.stages}")
+        if self.padding_token not in (None, "zero", "root") or self.padding_position not in (None, "prefix", "zero"):
+            raise ValueError(f"{self.family}: padding_token must be zero or root, padding_position prefix or zero")
+
+    def padding_inputs(self, root_token: int, prefix: int) -> tuple[int | None, int | None]:
+        """(token, position) a padding row must carry under this convention (None: not declared)."""
+        tok = {"zero": 0, "root": root_token}.get(self.padding_token)
+        pos = {"prefix": prefix, "zero": 0}.get(self.padding_position)
+        return tok, pos
 
     def q_len(self, budget: int) -> int:
         return budget if self.budget_counts_root else budget + 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.ports.audit import (Finding, audit_acceptance, audit_commit, audit_inputs, audit_layout,
-                                 audit_mask)
+                                 audit_mask, audit_padding_inputs)
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import STAGES, PortAdapter, PortError
 from harness.ports.serving_state import ServingState
@@ -109,8 +109,10 @@ class PortStages:
 
 
 def audit_step(log: AuditLog, step: int, vb: VerifyBatch, trees: list[DraftTree],
-               acceptances: list[Acceptance], predicts: list[list[int]], reads_prefix: bool) -> None:
-    """Mask, inputs and acceptance of one verify step, whoever built them."""
+               acceptances: list[Acceptance], predicts: list[list[int]], reads_prefix: bool,
+               conventions=None) -> None:
+    """Mask, inputs and acceptance of one verify step, whoever built them; padding
+    inputs against the port's declared convention when its compile ran."""
     mask, indptr, q = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
     ids, pos = vb.input_ids.tolist(), vb.positions.tolist()
     for b, (tree, prefix) in enumerate(zip(trees, vb.seq_lens.tolist())):
@@ -118,6 +120,9 @@ def audit_step(log: AuditLog, step: int, vb: VerifyBatch, trees: list[DraftTree]
         log.add(audit_mask(step, b, tree, prefix, block, reads_prefix))
         log.add(audit_inputs(step, b, tree, prefix, ids[b * q:(b + 1) * q], pos[b * q:(b + 1) * q]))
         log.add(audit_acceptance(step, b, tree, predicts[b], acceptances[b]))
+        if conventions is not None:
+            log.add(audit_padding_inputs(step, b, tree, prefix, ids[b * q:(b + 1) * q], pos[b * q:(b + 1) * q],
+                                         conventions.padding_inputs(tree.tokens[0], prefix)))
 
 
 # the Pipeline fields each port stage stands in for (the port's compile builds the mask itself)

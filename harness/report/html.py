@@ -107,6 +107,8 @@ def details(v: SettingView, full: bool) -> str:
            f'{esc(v.status.upper())}</span> {esc(_title(v))} <a class="back" href="#grid">grid</a></h3>',
            f'<div class="cmd-row"><pre class="cmd">{esc(v.setting)}</pre>'
            f'<button class="copy" type="button">copy</button></div>', _facts(v)]
+    if v.audits:   # the audit's findings are named, errors and warnings alike, whatever the status
+        out.append(_audits(v.audits))
     if v.localize:
         out.append(_localize(v))
     if full:
@@ -200,6 +202,14 @@ def _tree_block(v: SettingView) -> str:
         return ""
     return (f'<h4>Draft tree, step {esc(step)}, request {esc(req)}</h4><p class="muted">green: accepted path; '
             f'red: divergent; grey boxes: padding rows (not in the tree)</p><div class="figure">{tree(nodes)}</div>')
+
+
+def _audits(audits: list[dict], limit: int = 40) -> str:
+    rows = "".join(f"<tr><td>{esc(a.get('severity'))}</td><td>{esc(a.get('check'))}</td><td>{esc(a.get('step'))}</td>"
+                   f"<td>{esc(a.get('request'))}</td><td>{esc(a.get('detail'))}</td></tr>" for a in audits[:limit])
+    more = f'<p class="muted">{len(audits) - limit} more in the records</p>' if len(audits) > limit else ""
+    return ('<h4>Port audit findings</h4><table class="facts"><tr><th>severity</th><th>check</th><th>step</th>'
+            f'<th>request</th><th>what</th></tr>{rows}</table>{more}')
 
 
 def _accepts(accepts: list[dict]) -> str:

@@ -23,6 +23,7 @@ class SettingView:
     nodes: list[dict] = field(default_factory=list)
     streams: list[dict] = field(default_factory=list)
     accepts: list[dict] = field(default_factory=list)
+    audits: list[dict] = field(default_factory=list)   # a port's structural findings (`--impl` runs)
     localize: dict | None = None
 
     @property
@@ -107,6 +108,8 @@ def group(paths: list[Path]) -> list[SettingView]:
                 v.streams.append(rec)
             elif kind == "accept":
                 v.accepts.append(rec)
+            elif kind == "audit":
+                v.audits.append(rec)
             elif kind == "localize" and v.localize is None:
                 v.localize = rec
             elif kind == "summary":
@@ -119,6 +122,8 @@ def describe_first(summary: dict) -> str:
     if summary.get("error"):
         return f"crash: {summary['error']}"
     f = summary.get("first")
+    if not f and summary.get("first_finding"):
+        return f"audit: {summary['first_finding']}"
     if not f:
         return "none" if summary.get("passed", True) else "see records"
     if f.get("what") == "stream":

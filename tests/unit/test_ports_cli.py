@@ -97,3 +97,14 @@ def test_faults_check_with_a_port_skips_faults_on_its_stages():
     assert rows[:2] == [None, None]
     clean = [r for r in rows if r is not None]
     assert clean and all(r.fault is None and r.ok for r in clean)
+
+
+def test_report_names_the_audit_findings(tmp_path):
+    from harness.report.html import write_report
+    out, html = tmp_path / "r.jsonl", tmp_path / "r.html"
+    r = CliRunner().invoke(app, ["run", "--impl", f"ddtree-utils:{DDU / 'padding_rows_masked.py'}", "--budget", "16",
+                                 "--topk", "1", "--backend", "torch", "--max-new-tokens", "4", "--out", str(out)])
+    assert r.exit_code == 1, r.output
+    write_report([out], html)
+    text = html.read_text()
+    assert "Port audit findings" in text and "padding-row-empty" in text

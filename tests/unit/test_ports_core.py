@@ -118,3 +118,13 @@ def test_commit_audit_checks_kv_per_committed_position():
     req.req_to_token[0, 7] = loc[2]                         # position 7 points at row 2's (freed) slot
     checks = {f.check for f in audit_commit(0, req, pool, [0], [5], loc, 4, [acc], before, [8], freed)}
     assert checks == {"commit-kv", "commit-slot", "slot-leak"}
+
+
+def test_padding_inputs_against_the_declared_convention():
+    from harness.ports.audit import audit_padding_inputs
+    ids = [5, 6, 7, 0, 0]
+    pos = [3, 4, 5, 3, 3]
+    assert audit_padding_inputs(0, 0, CHAIN, 3, ids, pos, (0, 3)) == []
+    found = audit_padding_inputs(0, 0, CHAIN, 3, ids, pos, (5, 3))      # declared: the root's token
+    assert [(f.check, f.severity, f.rows) for f in found] == [("padding-convention", "warning", (3, 4))]
+    assert audit_padding_inputs(0, 0, CHAIN, 3, ids, [3, 4, 5, 3, 0], (None, 3))[0].rows == (4,)

@@ -45,6 +45,7 @@ CONVENTIONS = Conventions(
     mask="allow-bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
          "rectangle, additive 0 / -max, then 1.0 / 0.0)",
     stages=("build", "compile", "accept", "commit"),
+    padding_token="zero", padding_position="prefix",
     functions=("build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree", "compact_ddtree_kv_cache"),
 )
 

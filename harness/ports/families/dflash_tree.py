@@ -36,6 +36,7 @@ CONVENTIONS = Conventions(
     padding="isolated nodes: token 0, position 0, parent -1; each sees the root and itself",
     mask="allow-bool, flat per-request [N, kv_len + N] blocks",
     stages=("build", "compile", "accept"),
+    padding_token="zero", padding_position="zero",
     functions=("build_tree", "tree_to_verify_buffers", "build_tree_custom_mask", "verify_tree_greedy_cpu"),
 )
 
