@@ -10,7 +10,7 @@ from typing import Callable
 from harness.ports.protocol import PortAdapter, PortError
 
 ENTRY_POINT_GROUP = "ddcheck.ports"
-BUILTIN = ("ddtree_utils", "dflash_tree", "dflash2_beam", "sglang_eagle")
+BUILTIN = ("ddtree_utils", "dflash_tree", "dflash2_beam", "dflash_tree_utils", "sglang_eagle")
 
 
 @dataclass(frozen=True)

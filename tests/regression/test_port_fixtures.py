@@ -16,7 +16,8 @@ from harness.runner.settings import RunSettings
 
 _register()
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ports"
-FAITHFUL = {"ddtree-utils": FIX / "ddtree_utils" / "faithful.py", "dflash-tree": FIX / "dflash_tree" / "faithful.py"}
+FAITHFUL = {"ddtree-utils": FIX / "ddtree_utils" / "faithful.py", "dflash-tree": FIX / "dflash_tree" / "faithful.py",
+            "dflash-tree-utils": FIX / "dflash_tree_utils" / "faithful.py"}
 SLICE = [dict(budget=16, topk=1, batch=1), dict(budget=16, topk=1, batch=3, cuda_graph=True),
          dict(budget=8, topk=2, batch=3), dict(budget=16, topk=4, batch=2, cuda_graph=True),
          dict(budget=4, topk=1, batch=2)]
