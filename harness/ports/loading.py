@@ -115,14 +115,17 @@ def load_port_module(path: Path) -> LoadedPort:
     if spec is None or spec.loader is None:
         raise PortError(f"{path} is not a Python module")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclasses and pickling look the module up while it runs
     finder = _StubFinder()
     sys.meta_path.append(finder)
     failed: list[str] = []
     try:
         _retry_failing_imports(spec, module, failed)
     except PortError:
+        sys.modules.pop(name, None)
         raise
     except Exception as e:  # noqa: BLE001  (the user's module failed at import: say where, exit 2)
+        sys.modules.pop(name, None)
         raise PortError(f"{path} failed to import: {type(e).__name__}: {e}".splitlines()[0]) from None
     finally:
         sys.meta_path.remove(finder)

@@ -128,3 +128,10 @@ def test_padding_inputs_against_the_declared_convention():
     found = audit_padding_inputs(0, 0, CHAIN, 3, ids, pos, (5, 3))      # declared: the root's token
     assert [(f.check, f.severity, f.rows) for f in found] == [("padding-convention", "warning", (3, 4))]
     assert audit_padding_inputs(0, 0, CHAIN, 3, ids, [3, 4, 5, 3, 0], (None, 3))[0].rows == (4,)
+
+
+def test_loader_registers_the_module_while_it_runs(tmp_path):
+    """A port defining dataclasses needs its module in sys.modules during import."""
+    f = tmp_path / "port.py"
+    f.write_text("from dataclasses import dataclass\n@dataclass\nclass Tree:\n    n: int\n")
+    assert load_port_module(f).module.Tree(3).n == 3
