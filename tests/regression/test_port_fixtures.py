@@ -84,9 +84,13 @@ def test_seed_command_on_a_port_exits_with_verdicts_not_a_traceback(tmp_path):
                                      "--budget", "16", "--topk", "1", "--no-cuda-graph", "--backend", "torch",
                                      "--max-new-tokens", "8", "--out", str(out)], env={"COLUMNS": "200"})
         assert r.exit_code == code, r.output
-        kinds = {json.loads(x)["kind"] for x in out.read_text().splitlines()}
+        records = [json.loads(x) for x in out.read_text().splitlines()]
+        kinds = {r["kind"] for r in records}
         assert "node" in kinds and "summary" in kinds
         assert ("audit" in kinds) == (code == 1)
+        if code == 1:   # the localizer ran on the port's pipeline: its mask probe saw the port's mask
+            loc = next(r for r in records if r["kind"] == "localize")
+            assert loc["fault_class"] == "padding-leak" and loc["mask_probe"]
         assert "audit" in r.output and "Traceback" not in r.output
 
 
