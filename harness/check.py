@@ -35,6 +35,7 @@ class FirstDivergence:
     what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
     #                     | config | weights (the engine's loader disagrees with the oracle's reading)
     #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
+    #                     | provenance (a KV slot read or written against the canary's record of it)
     detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
@@ -66,12 +67,14 @@ class CheckSummary:
     audit_warnings: int = 0          # findings that change no logits on this kernel
     first_finding: str | None = None
     strict: bool = False             # warnings fail the run too
+    provenance_findings: int = 0     # KV canary findings: slots read or written against their provenance
 
     @property
     def passed(self) -> bool:
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
-                and self.audit_errors == 0 and not (self.strict and self.audit_warnings))
+                and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
+                and self.provenance_findings == 0)
 
 
 @dataclass(frozen=True)
@@ -142,11 +145,13 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
             _check_against_reference(p, rs, ref, summary, writer)
             tally.add(rs.tree, rs.acceptance)
         _check_batch_padding(p, result.step, summary)
+        _check_provenance(result.provenance, result.requests, summary, writer)
         if p.port is not None:
             _audit_port_step(p, result, summary, writer)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
     summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
+    _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
     _check_streams(p, summary, writer)
     _add_notes(p, summary, ignored_prefix_keys)
     if summary.first is not None and localize:
@@ -269,6 +274,17 @@ def _ignored_prefix_keys(vb, backend) -> int:
     return blocked
 
 
+def _check_provenance(findings, requests, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The KV canary's findings (harness/mem/provenance.py): each a `provenance` record and a divergence."""
+    for f in findings:
+        writer.write(f.record(summary.setting))
+        summary.provenance_findings += 1
+        if summary.first is None:
+            rids = [rs.rid for rs in requests]
+            rid = f.request if f.request in rids or not rids else rids[0]
+            summary.first = FirstDivergence(f.step, rid, 0, None, False, None, "provenance", f.text)
+
+
 def _cross_check_acceptance(rs: RequestStep, accept: str, summary: CheckSummary, writer: RecordWriter) -> None:
     """The acceptor that did not drive the run must agree with the one that did."""
     if rs.cross_check is None or rs.cross_check == rs.acceptance:
@@ -349,3 +365,5 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
     if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
+    if first.what == "provenance" and loc.fault_class == "unexplained":
+        summary.fault_class, summary.explanation = "kv-provenance", first.detail

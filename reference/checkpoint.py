@@ -38,28 +38,38 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """Every tensor of one .safetensors file, as float64 on CPU."""
-    data = Path(path).read_bytes()
-    if len(data) < 8:
-        raise CheckpointRefused(f"{Path(path).name}: too short for a safetensors file")
-    (header_len,) = struct.unpack("<Q", data[:8])
-    if 8 + header_len > len(data):
-        raise CheckpointRefused(f"{Path(path).name}: header runs past the end of the file")
-    header = json.loads(data[8:8 + header_len].decode("utf-8"))
-    body = memoryview(data)[8 + header_len:]
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if entry["dtype"] not in SAFETENSORS_DTYPES:
-            raise CheckpointRefused(f"{Path(path).name}: {name} has dtype {entry['dtype']}, "
-                                    f"the oracle reads {', '.join(SAFETENSORS_DTYPES)}")
-        begin, end = entry["data_offsets"]
-        dtype = SAFETENSORS_DTYPES[entry["dtype"]]
-        flat = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin \
-            else torch.empty(0, dtype=dtype)  # [numel] little-endian, as the format stores it
-        out[name] = flat.reshape(entry["shape"]).to(torch.float64)
+    """Every tensor of one .safetensors file, as float64 on CPU. Reads one
+    tensor's bytes at a time, so the file is never held whole in memory."""
+    path = Path(path)
+    with path.open("rb") as f:
+        size = path.stat().st_size
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointRefused(f"{path.name}: too short for a safetensors file")
+        (header_len,) = struct.unpack("<Q", head)
+        if 8 + header_len > size:
+            raise CheckpointRefused(f"{path.name}: header runs past the end of the file")
+        header = json.loads(f.read(header_len).decode("utf-8"))
+        out = {}
+        for name, entry in header.items():
+            if name != "__metadata__":
+                out[name] = _read_tensor(f, 8 + header_len, name, entry, path.name)
     return out
+
+
+def _read_tensor(f, body: int, name: str, entry: dict, file_name: str) -> Tensor:
+    """One tensor at byte offsets `entry["data_offsets"]` after the header, little-endian."""
+    if entry["dtype"] not in SAFETENSORS_DTYPES:
+        raise CheckpointRefused(f"{file_name}: {name} has dtype {entry['dtype']}, "
+                                f"the oracle reads {', '.join(SAFETENSORS_DTYPES)}")
+    begin, end = entry["data_offsets"]
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    f.seek(body + begin)
+    raw = bytearray(f.read(end - begin))
+    if len(raw) != end - begin:
+        raise CheckpointRefused(f"{file_name}: {name} runs past the end of the file")
+    flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)  # [numel]
+    return flat.reshape(entry["shape"]).to(torch.float64)
 
 
 def rope_scaling_of(hf: dict) -> tuple[float, RopeScaling | None]:

@@ -48,6 +48,9 @@ def run(
     port_stages: Optional[str] = typer.Option(None, help="which of the port's stages to use: build,compile,accept,commit "
                                               "(default: all it provides; ddcheck's own for the rest)"),
     strict: bool = typer.Option(False, help="audit warnings (findings that change no logits here) fail the run"),
+    kv_poison: bool = typer.Option(True, "--kv-poison/--no-kv-poison",
+                                   help="free KV slots hold NaN, so a read of one shows even under a zero weight"),
+    eos_id: Optional[int] = typer.Option(None, help="end-of-sequence token id: streams stop there, on both sides"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -55,7 +58,8 @@ def run(
         s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
-                        tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict)
+                        tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
+                        kv_poison=kv_poison, eos_id=eos_id)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

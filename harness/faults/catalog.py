@@ -125,6 +125,19 @@ def _commit_contiguous(req_to_token, allocator, req_pool_idx, seq_len, row_slots
     return seq_len + n
 
 
+def _commit_frees_last_accepted(req_to_token, allocator, req_pool_idx, seq_len, row_slots, acceptance) -> int:
+    """req_to_token is re-pointed right, but the keep mask drops the last
+    accepted row (as if its K/V were recomputed with the bonus next round):
+    its slot is freed while position seq_len + n - 1 still points at it."""
+    rows = torch.tensor(acceptance.rows, dtype=torch.int64)
+    n = rows.numel()
+    req_to_token.req_to_token[req_pool_idx, seq_len:seq_len + n] = row_slots[rows].to(req_to_token.req_to_token.device)
+    keep = torch.zeros(row_slots.numel(), dtype=torch.bool)
+    keep[rows[:-1]] = True
+    allocator.free(row_slots[~keep].cpu())
+    return seq_len + n
+
+
 # -- the catalog ----------------------------------------------------------------------
 
 def _stage(**stages):
@@ -179,6 +192,9 @@ CATALOG = (
     Fault("bonus-from-wrong-node", "bonus token taken from the root's argmax instead of the last accepted row's",
           "--accept walk, --max-new-tokens > --block-size + 1 (shows in the stream)", "wrong-bonus",
           _stage(accept=_bonus_from_root), all_of(NEED_WALK, two_steps)),
+    Fault("free-slot-read", "the commit frees the last accepted row's slot while req_to_token still points at it: "
+          "the next verify's kv_indices reach a freed slot", "--max-new-tokens > --block-size + 1 (a second verify "
+          "reads it)", "free-slot-read", _stage(commit=_commit_frees_last_accepted), two_steps),
 )
 
 for _fault in CATALOG:

@@ -26,6 +26,7 @@ SHOW_SETTINGS: dict[str, dict] = {
     "position-from-index": {"topk": 2},
     "padding-slot-alias": {},
     "bonus-from-wrong-node": {"max_new_tokens": 24},  # the tiny model's first tokens repeat one token
+    "free-slot-read": {},
 }
 
 # The fault-free matrix, run once per seed.

@@ -41,6 +41,7 @@ def localize(p, first) -> Localization:
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
         audit_invariants(engine, result, kernel_kv, kv)
         audit_cache(engine, result, oracle, tol, kv)
+        ev.canary += list(result.provenance)
         for rs in result.requests:
             ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
         if first.what == "accept" and result.step == first.step:
@@ -104,6 +105,8 @@ def _where(first) -> str:
         return f"step {first.step}, request {first.request}, acceptance"
     if first.what == "stream":
         return f"request {first.request}, emitted token {first.node}"
+    if first.what == "provenance":
+        return f"step {first.step}, request {first.request}, KV provenance"
     if first.what == "batch-padding":
         return f"step {first.step}, graph batch-padding request {first.request}, row {first.node}"
     if first.what == "padding":

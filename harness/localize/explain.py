@@ -11,7 +11,8 @@ from harness.localize.mask_probe import MaskDiff, derived_parents, row_stride_ex
 
 CLASSES = ("graph-causal-mask", "mask-out-of-bounds", "stale-kv-indices", "stale-graph-mask", "fully-masked-row",
            "node-order", "wrong-position", "slot-alias", "kv-not-compacted", "padding-leak", "batch-mask-layout",
-           "mask-shift", "wrong-bonus", "accept-mismatch", "wrong-kv", "unexplained")
+           "mask-shift", "wrong-bonus", "accept-mismatch", "wrong-kv", "unexplained",
+           "free-slot-read", "kv-provenance")
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Evidence:
     kv: KVAudit = field(default_factory=KVAudit)
     bisect: Bisect | None = None
     node: int | None = None
+    canary: list = field(default_factory=list)   # KV provenance findings up to the divergent round
 
     def probe(self) -> MaskDiff | None:
         return next((d for d in self.probes if d.request == self.request_index), None)
@@ -39,6 +41,10 @@ def classify(ev: Evidence) -> tuple[str, str]:
                       ("stale-kv-indices", "stale-kv-indices"), ("stale-mask", "stale-graph-mask")):
         if kind in kinds:
             return cls, kinds[kind].text + _probe_note(ev.probe())
+    free = next((f for f in ev.canary if f.kind == "free-slot"), None)
+    if free is not None:
+        return "free-slot-read", (f"{free.text}: kv_indices reach a freed slot, whose K/V any later allocation may "
+                                  "overwrite (poisoned free slots show it in the logits, even under a zero weight)")
     d = ev.probe()
     if d is not None and d.empty_rows and not (d.leaked or d.blocked):
         pad = [r for r in d.empty_rows if r >= ev.num_rows]

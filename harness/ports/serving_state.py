@@ -43,6 +43,7 @@ class TokenToKVPool:
         """Copy every layer's K/V from src_loc to tgt_loc."""
         tgt, src = tgt_loc.reshape(-1).long(), src_loc.reshape(-1).long()
         self._moves.extend(zip(src.tolist(), tgt.tolist()))
+        self._pool.provenance.move(tgt, src)
         for kb, vb in zip(self._pool.k_buffer, self._pool.v_buffer):
             kb[tgt.to(kb.device)] = kb[src.to(kb.device)].clone()
             vb[tgt.to(vb.device)] = vb[src.to(vb.device)].clone()

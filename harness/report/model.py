@@ -128,6 +128,10 @@ def describe_first(summary: dict) -> str:
         return "none" if summary.get("passed", True) else "see records"
     if f.get("what") == "stream":
         return f"request {f['request']}: emitted stream differs at token {f['node']}"
+    if f.get("what") in ("config", "weights"):
+        return f"the checkpoint's {f['what']}: the engine's loader and the oracle's own reading disagree"
+    if f.get("what") in ("tree", "accept-ref") and f.get("detail"):
+        return f"{f['what']}: {f['detail']}"
     err = f.get("rel_err")
     err_s = f", rel. error {err:.2e}" if isinstance(err, (int, float)) else ""
     pad = "present" if f.get("padding_present") else "absent"

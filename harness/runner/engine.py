@@ -11,6 +11,7 @@ import torch
 from ddschema import ModelConfig
 from harness.attn.base import AttentionBackend
 from harness.mem.pool import KVPool, ReqToTokenPool
+from harness.mem.provenance import BATCH_PADDING, ProvenanceFinding
 from harness.model.llama import LlamaModel
 from harness.runner.graph import GraphRunner
 from harness.runner.pipeline import Pipeline
@@ -60,6 +61,7 @@ class StepResult:
     step: int
     requests: tuple[RequestStep, ...]
     batch: VerifyBatch
+    provenance: tuple[ProvenanceFinding, ...] = ()  # the KV canary's findings on this round's reads and writes
 
 
 class Engine:
@@ -75,7 +77,8 @@ class Engine:
             raise UsageError(f"prompts + --max-new-tokens + q_len need {self.max_context} positions; "
                              f"the model has {cfg.max_position}")
         num_slots = 2 + len(prompts) * (self.max_context + q_len) + 64
-        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev)
+        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev, poison=settings.kv_poison)
+        self.finish_findings: list[ProvenanceFinding] = []  # committed slots already free when a request retired
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
         self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
@@ -98,6 +101,8 @@ class Engine:
         pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
         meta = prefill_metadata(lens, loc).to(self.s.device)
         logits = self.model.forward(ids, pos, meta, self.pool, self.backend)
+        owners = torch.cat([torch.full((n,), r.rid) for r, n in zip(self.requests, lens)])
+        self.pool.provenance.stamp(loc.cpu(), owners, pos.cpu(), ids.cpu())
         ends = torch.cumsum(torch.tensor(lens), 0) - 1
         for r, n, end, start in zip(self.requests, lens, ends.tolist(), (ends - torch.tensor(lens) + 1).tolist()):
             self.req_pool.req_to_token[r.req_pool_idx, :n] = loc[start:start + n]
@@ -148,6 +153,7 @@ class Engine:
                                   self.req_pool.req_to_token, loc, p.build_mask)
         vb = vb.to(s.device)
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
+        findings = self._canary(step, active, vb)
         out = []
         for b, (r, tree) in enumerate(zip(active, trees)):
             rows = slice(b * q, (b + 1) * q)
@@ -159,7 +165,29 @@ class Engine:
         self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu())
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
-        return StepResult(step, tuple(out), vb)
+        return StepResult(step, tuple(out), vb, tuple(findings))
+
+    def _canary(self, step: int, active: list[Request], vb: VerifyBatch) -> list[ProvenanceFinding]:
+        """What the kernel wrote and read this round (a graph replay's static
+        buffers, batch padding included) against each slot's provenance."""
+        prov, q = self.pool.provenance, self.q_len
+        replay = self.graph.last if self.graph is not None else None
+        meta = replay.meta if replay is not None else vb.attn
+        ids = (replay.input_ids if replay is not None else vb.input_ids).cpu()      # [rows]
+        pos = (replay.positions if replay is not None else vb.positions).cpu()      # [rows]
+        loc = meta.out_cache_loc.cpu()                                               # [rows]
+        owners = torch.full((loc.numel(),), BATCH_PADDING, dtype=torch.int64)
+        for b, r in enumerate(active):
+            owners[b * q:(b + 1) * q] = r.rid
+        r2t = self.req_pool.req_to_token.cpu()
+        committed = {int(sl): (r.rid, j) for r in self.requests if not r.finished
+                     for j, sl in enumerate(r2t[r.req_pool_idx, :r.seq_len].tolist())}
+        found = prov.check_writes(step, loc, owners, pos, self.pool.allocator.owned, committed)
+        prov.stamp(loc, owners, pos, ids)
+        kvp, kv = meta.kv_indptr.tolist(), meta.kv_indices.cpu()
+        for b, r in enumerate(active):
+            found += prov.check_reads(step, r.rid, kv[kvp[b]:kvp[b + 1]], r.committed_tokens())
+        return found
 
     def _commit(self, active: list[Request], trees: list[DraftTree], accs: list[Acceptance],
                 loc: torch.Tensor) -> None:
@@ -169,6 +197,9 @@ class Engine:
             lens = p.commit_batch(self.req_pool, self.pool, [r.req_pool_idx for r in active],
                                   [r.seq_len for r in active], loc, trees, accs)
             for r, n in zip(active, lens):
+                # a port's commit copies K/V with its own code (the port audit checks those bytes):
+                # the canary does not judge the positions it committed
+                self.pool.provenance.written(self.req_pool.req_to_token[r.req_pool_idx, r.seq_len:int(n)])
                 r.seq_len = int(n)
             return
         for b, (r, acc) in enumerate(zip(active, accs)):
@@ -178,7 +209,14 @@ class Engine:
     def _finish(self, r: Request) -> None:
         del r.emitted[self.s.max_new_tokens:]
         slots = self.req_pool.req_to_token[r.req_pool_idx, :r.seq_len].cpu()
-        self.pool.allocator.free(slots)
+        owned = self.pool.allocator.owned
+        held = torch.tensor([s in owned for s in slots.tolist()], dtype=torch.bool)
+        if not bool(held.all()):  # a commit freed slots the request still points at: report, free the rest
+            j = int((~held).nonzero()[0])
+            self.finish_findings.append(ProvenanceFinding(
+                -1, r.rid, "freed-committed", int(slots[j]), j, f"request {r.rid} retires with {int((~held).sum())} "
+                f"committed positions (first {j}) on KV slots already free (first {int(slots[j])})"))
+        self.pool.allocator.free(slots[held])
         self.req_pool.free(r.req_pool_idx)
         r.finished = True
 

@@ -31,6 +31,8 @@ class RunSettings:
     impl: str | None = None         # FAMILY:PATH of a port under test (harness/ports); None: ddcheck's own engine
     port_stages: str | None = None  # comma list of the port's stages to use; None: all it provides
     strict: bool = False            # audit warnings fail the run too
+    kv_poison: bool = True          # free KV slots hold NaN (the provenance canary's poison)
+    eos_id: int | None = None       # end-of-sequence token: a stream stops there (on both sides)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -42,7 +44,8 @@ class RunSettings:
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
-                  (self.port_stages is None or self.impl is not None, "--port-stages needs --impl")]
+                  (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
+                  (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -75,6 +78,10 @@ class RunSettings:
             parts.append(f"--port-stages {self.port_stages}")
         if self.strict:
             parts.append("--strict")
+        if not self.kv_poison:
+            parts.append("--no-kv-poison")
+        if self.eos_id is not None:
+            parts.append(f"--eos-id {self.eos_id}")
         return " ".join(parts)
 
 

@@ -225,3 +225,12 @@ def test_rope_scaling_invariants():
         RopeScaling("llama3", 8.0, 4.0, 1.0, 32)
     with pytest.raises(ValueError):
         RopeScaling("yarn", 8.0, 1.0, 4.0, 32)
+
+
+def test_a_truncated_safetensors_file_is_refused(tmp_path):
+    from reference.checkpoint import CheckpointRefused
+    save_file({"a": torch.randn(64, 64)}, str(tmp_path / "x.safetensors"))
+    data = (tmp_path / "x.safetensors").read_bytes()
+    (tmp_path / "x.safetensors").write_bytes(data[:-100])
+    with pytest.raises(CheckpointRefused, match="past the end"):
+        read_safetensors(tmp_path / "x.safetensors")

@@ -142,3 +142,12 @@ def test_a_walk_difference_at_a_near_tie_is_not_a_divergence():
     far = check_acceptance(_step(4), logits, _Oracle(), tol=1e-4, setting="")
     assert far.diverged and far.record["verdict"] == "diverge" and "another bonus" in far.sentence
     assert check_acceptance(_step(3), logits, _Oracle(), tol=1e-4, setting="") is None
+
+
+def test_reports_name_tree_walk_and_load_divergences():
+    from harness.report.model import describe_first
+    tree = {"passed": False, "first": {"what": "tree", "step": 0, "request": 1, "node": 0,
+                                       "detail": "step 0, request 1: the engine's tree has 7 draft nodes"}}
+    assert describe_first(tree) == "tree: step 0, request 1: the engine's tree has 7 draft nodes"
+    load = {"passed": False, "first": {"what": "weights", "step": -1, "request": -1, "node": -1}}
+    assert "loader" in describe_first(load)
