@@ -203,6 +203,7 @@ def summary_frame(jobs: list[SettingJob], results: list[SettingResult]):
                      "dtype": s.dtype, "fault": s.fault or "", "nodes": m.get("nodes_checked", 0),
                      "divergent": m.get("divergent_nodes", 0), "near_ties": m.get("near_ties", 0),
                      "max_rel_err": m.get("max_rel_err", float("nan")),
+                     "accepted": m.get("mean_accepted_length"),
                      "first_divergence": r.usage_error or describe_first(m),
                      "verdict": verdict(j, r),
                      "seconds": round(r.wall_s, 1)})

@@ -57,7 +57,7 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
     """The pandas summary, one row per setting, compact enough for a CI log."""
     df = summary_frame(jobs, results)
     df["setting"] = [f"{j.case}/{short_label(j.settings)}" for j in jobs]
-    cols = ["#", "setting", "nodes", "divergent", "max_rel_err", "first_divergence", "verdict", "seconds"]
+    cols = ["#", "setting", "nodes", "divergent", "max_rel_err", "accepted", "first_divergence", "verdict", "seconds"]
     t = Table(title="sweep summary")
     for c in cols:
         t.add_column(c, overflow="fold", no_wrap=c != "first_divergence", min_width=7 if c == "verdict" else None)
@@ -65,6 +65,8 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
         cells = dict(zip(cols, map(str, row)))
         err = row[cols.index("max_rel_err")]  # a float, or "inf" as the records write it
         cells["max_rel_err"] = f"{err:.1e}" if isinstance(err, (int, float)) else str(err)
+        accepted = row[cols.index("accepted")]  # mean accepted length, None when no step ran
+        cells["accepted"] = f"{accepted:.2f}" if isinstance(accepted, float) and accepted == accepted else "-"
         cells["verdict"] = f"[{VERDICT_COLOURS[cells['verdict']]}]{cells['verdict']}[/]"
         t.add_row(*cells.values())
     Console(width=max(Console().width, 140)).print(t)

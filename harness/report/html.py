@@ -136,6 +136,10 @@ def _title(v: SettingView) -> str:
             f"batch {s.get('batch')}, {s.get('dtype')}{fault}")
 
 
+def _fmt(x, spec: str):
+    return format(x, spec) if isinstance(x, (int, float)) else x
+
+
 def _facts(v: SettingView) -> str:
     m = v.summary
     if m is None:
@@ -145,6 +149,12 @@ def _facts(v: SettingView) -> str:
             ("divergent nodes", m.get("divergent_nodes")), ("near ties", m.get("near_ties")),
             ("padding rows seen", m.get("padding_rows")), ("stream mismatches", m.get("stream_mismatches")),
             ("acceptance mismatches", m.get("accept_mismatches")),
+            ("mean accepted length", _fmt(m.get("mean_accepted_length"), ".2f")),
+            ("acceptance by depth", " ".join(f"{a:.2f}" for a in m["acceptance_by_depth"])
+             if m.get("acceptance_by_depth") else None),
+            ("trees / walks unlike the oracle's", f"{m['tree_mismatches']} / {m.get('accept_ref_mismatches', 0)}"
+             if "tree_mismatches" in m else None),
+            ("load mismatches", m.get("load_mismatches") or None),
             ("max rel. error", f"{err:.2e}" if isinstance(err, (int, float)) else err),
             ("tolerance", f"{v.tolerance:.0e}" if v.tolerance else "n/a"), ("records", v.source)]
     rows += [("note", n) for n in m.get("notes") or []]

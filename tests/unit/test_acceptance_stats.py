@@ -93,3 +93,17 @@ def test_the_gate_fails_a_build_below_its_baseline(tmp_path):
         assert verdict.passed == passes
         if not passes:
             assert "fell below the baseline" in verdict.message
+
+
+def test_the_report_and_the_sweep_table_show_the_measured_acceptance(tmp_path):
+    from harness.report.html import write_report
+    from harness.sweep import summary_frame
+    job = plan([write_case(tmp_path, "")])[0]
+    result = run_job(job)
+    records = tmp_path / "run.jsonl"
+    records.write_text("\n".join(result.lines) + "\n")
+    write_report([records], tmp_path / "r.html")
+    html = (tmp_path / "r.html").read_text()
+    measured = result.summary["mean_accepted_length"]
+    assert "mean accepted length" in html and f"{measured:.2f}" in html and "acceptance by depth" in html
+    assert summary_frame([job], [result])["accepted"].tolist() == [measured]
