@@ -9,6 +9,9 @@ was expected, in one line.
     seed = 0
     max_new_tokens = 12
     block_size = 8
+    impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
+    port_stages = "build,compile"                   #   relative to the case file), which of its stages
+    strict = false                                  #   to use, and whether audit warnings fail
 
     [[prompts]]                        # optional; default: the seed's prompts
     name = "code"
@@ -35,9 +38,7 @@ was expected, in one line.
     [tolerances]                       # optional: the relative tolerance nodes are judged at, per dtype
     float32 = 1e-5
 
-    impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
-    port_stages = "build,compile"                   #   relative to the case file); which of its stages
-    strict = false                                  #   to use; audit warnings fail the case
+docs/CASES.md documents every key.
 """
 from __future__ import annotations
 
