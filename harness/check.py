@@ -4,6 +4,7 @@ greedy continuation."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Callable
 
 import torch
@@ -19,7 +20,7 @@ from harness.load_agreement import explain as explain_load
 from harness.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
 from harness.ports.attach import PortRun, attach_port
-from harness.records import NodeRecord, RecordWriter, StreamRecord
+from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
 
@@ -130,6 +131,7 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
           localize: bool = True) -> CheckSummary:
     s = p.settings
     tol = p.tolerance
+    writer.begin_run()
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
                            port=p.port.describe() if p.port else None)
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
@@ -176,7 +178,8 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
     d = {k: v for k, v in asdict(summary).items() if k != "setting"}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed,
-            "settings": s.to_dict(), **d}
+            "settings": s.to_dict(), **d, **provenance(),
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary,

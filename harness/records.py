@@ -1,9 +1,12 @@
 """Record types (docs/RECORDS.md) and an all-or-nothing JSONL writer."""
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 import os
 import tempfile
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,11 +70,21 @@ class RecordWriter:
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.lines: list[str] = []
+        self.run_id: str | None = None
+
+    def begin_run(self) -> str:
+        """Every record written from now on carries this run's id, so that a
+        report groups the records of one run even when two runs share a
+        reproduce command."""
+        self.run_id = uuid.uuid4().hex[:12]
+        return self.run_id
 
     def write(self, record) -> None:
         d = asdict(record) if hasattr(record, "__dataclass_fields__") else dict(record)
         d = {k: _clean(v) for k, v in d.items()}
         d.setdefault("schema", SCHEMA_VERSION)
+        if self.run_id is not None:
+            d.setdefault("run", self.run_id)
         self.lines.append(json.dumps(d, default=_default, allow_nan=False))
 
     def commit(self) -> None:
@@ -85,3 +98,20 @@ class RecordWriter:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; records are ordinary files
         os.replace(tmp, self.path)
+
+
+@functools.lru_cache(maxsize=1)
+def provenance() -> dict:
+    """What produced the records: ddcheck's version and the project's git commit when known."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ver = version("ddcheck")
+    except PackageNotFoundError:
+        ver = "unknown"
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        commit = out.stdout.strip() if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"ddcheck_version": ver, "commit": commit}

@@ -104,6 +104,7 @@ def run_job(job: SettingJob) -> SettingResult:
     try:
         prepared = prepare(s, job.prompts)
     except SettingSkipped as e:   # the port cannot run this setting: a summary that says why
+        writer.begin_run()
         writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
         return SettingResult(job.index, s.command(), json.loads(writer.lines[-1]), None, tuple(writer.lines),
                              time.perf_counter() - t0)

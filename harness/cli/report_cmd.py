@@ -15,11 +15,15 @@ def report(
     records: List[Path] = typer.Argument(..., metavar="RUN.jsonl...", help="records of run, sweep or gate"),
     out: Path = typer.Option(Path("reports/report.html"), "-o", "--out", help="the HTML file to write"),
 ) -> None:
-    """Render records as one HTML file (no network: CSS, script and SVG inline); exit 0, or 2 on bad input."""
+    """Render records as one HTML file (no network: CSS, script and SVG inline). Exit 0 when every run
+    passed, 1 when one diverged, missed an expected fault or is incomplete (no summary), 2 on bad input."""
     from harness.report.html import write_report
-    from harness.report.model import ReportInputError
+    from harness.report.model import BAD_STATUSES, ReportInputError
     try:
-        write_report(records, out)
+        views = write_report(records, out)
     except ReportInputError as e:
         fail_usage(e)
-    typer.echo(f"report: {out}")
+    bad = [v for v in views if v.status in BAD_STATUSES or v.status == "incomplete"]
+    incomplete = sum(v.status == "incomplete" for v in bad)
+    typer.echo(f"report: {out}: {len(views)} runs, {len(bad) - incomplete} failing, {incomplete} incomplete")
+    raise typer.Exit(1 if bad else 0)

@@ -90,6 +90,7 @@ def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
     from harness.check import CheckSummary, summary_record
     path = out or default_out(s)
     writer = RecordWriter(path)
+    writer.begin_run()
     writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
     writer.commit()
     typer.echo(f"SKIP: {e} (records: {path})")

@@ -84,7 +84,7 @@ table.grid th.row-label { text-align: left; font-weight: 500; white-space: nowra
 a.cell { display: inline-block; min-width: 46px; padding: 6px 4px; margin: 1px; border-radius: 3px;
          text-decoration: none; color: #fff; font-weight: 600; }
 .st-pass { background: #2e9d52; } .st-near-tie { background: #d39b1c; } .st-diverge { background: #c62f2f; }
-.st-incomplete { background: #7d8791; } .st-caught { background: #2f6db3; } .st-missed { background: #7b1d5e; }
+.st-incomplete { background: #a8322d; } .st-caught { background: #2f6db3; } .st-missed { background: #7b1d5e; }
 section.setting.st-caught { border-left-color: #2f6db3; } section.setting.st-missed { border-left-color: #7b1d5e; }
 section.setting { background: none; border: 1px solid #d5dbe1; border-left-width: 6px; border-radius: 4px;
                   padding: 12px 16px; margin: 12px 0; }

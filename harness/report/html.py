@@ -21,17 +21,20 @@ EMPTY_CELL = '<span class="empty">-</span>'
 FULL_DETAIL_LIMIT = 4  # below this many settings, passing ones get every chart too
 
 
-def write_report(record_paths: list[Path], out: Path) -> None:
-    """Render the records of one or more JSONL files into `out`."""
+def write_report(record_paths: list[Path], out: Path) -> list[SettingView]:
+    """Render the records of one or more JSONL files into `out` (atomically); the runs it showed."""
     views = group([Path(p) for p in record_paths])
     html = render(views, [str(p) for p in record_paths])
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(html, encoding="utf-8")
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return views
 
 
 def render(views: list[SettingView], sources: list[str]) -> str:
-    failing = [v for v in views if v.status in BAD_STATUSES]
+    failing = [v for v in views if v.status in BAD_STATUSES or v.status == "incomplete"]
     full = len(views) <= FULL_DETAIL_LIMIT
     n = {st: sum(v.status == st for v in views) for st in ("caught", "diverge", "missed", "incomplete")}
     head = (f"{len(views)} setting{'s' * (len(views) != 1)}: "
@@ -41,12 +44,23 @@ def render(views: list[SettingView], sources: list[str]) -> str:
             + (f"{n['missed']} expected faults missed, " if n["missed"] else "")
             + f"{n['incomplete']} incomplete")
     body = [f'<header><h1>ddcheck report</h1><p class="verdict {"bad" if failing else "good"}">{esc(head)}</p>'
-            f'<p class="sources">records: {esc(", ".join(sources))}</p></header>',
+            f'<p class="sources">records: {esc(", ".join(sources))}{_stamp(views)}</p></header>',
             '<section id="grid-section"><h2>Setting matrix</h2>', grid(views), assets.LEGEND, "</section>",
             '<section id="details"><h2>Settings</h2>']
-    body += [details(v, full or v.status != "pass") for v in views]
+    # failures (and runs with no summary) first, then the rest, each in record order
+    ordered = [v for v in views if v in failing] + [v for v in views if v not in failing]
+    body += [details(v, full or v.status != "pass") for v in ordered]
     body.append("</section>")
     return assets.page("ddcheck report", "".join(body))
+
+
+def _stamp(views: list[SettingView]) -> str:
+    """Which ddcheck, commit and time produced the records (from the summary records)."""
+    m = next((v.summary for v in views if v.summary and v.summary.get("ddcheck_version")), None)
+    if not m:
+        return ""
+    commit = f", commit {m['commit']}" if m.get("commit") else ""
+    return f"; ddcheck {m['ddcheck_version']}{commit}, {m.get('time', '')}"
 
 
 # ---------------------------------------------------------------- grid

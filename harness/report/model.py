@@ -90,16 +90,21 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def group(paths: list[Path]) -> list[SettingView]:
-    """Settings in the order they first appear, one view per (file, setting)."""
+    """Runs in the order they first appear, one view per (file, run id); records
+    written before run ids existed group by (file, setting). A file with no
+    record at all is one incomplete view: missing evidence never renders as a pass."""
     views: dict[tuple[str, str], SettingView] = {}
     for path in paths:
-        last = ""
-        for rec in read_jsonl(path):
+        last, records = "", read_jsonl(path)
+        if not records:
+            views[(str(path), "")] = SettingView(f"s{len(views)}", "(no records)", str(path))
+        for rec in records:
             # a record without `setting` belongs to the run whose records precede it
-            last = str(rec.get("setting") or last)
-            k = (str(path), last)
+            setting = str(rec.get("setting") or last)
+            last = setting
+            k = (str(path), str(rec.get("run") or setting))
             if k not in views:
-                views[k] = SettingView(f"s{len(views)}", k[1], k[0])
+                views[k] = SettingView(f"s{len(views)}", setting, k[0])
             v = views[k]
             kind = rec["kind"]
             if kind == "node":

@@ -1,0 +1,72 @@
+"""The report says what the gate says: runs grouped by run id, the same
+failure count as the JUnit, missing evidence shown as incomplete (exit 1)."""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+from typer.testing import CliRunner
+
+from harness.cli import _register, app
+from harness.report.model import group
+
+_register()
+CASE = """name = "small"
+max_new_tokens = 6
+[[matrix]]
+label = "twice"
+budget = [16]
+topk = [1]
+batch = [1]
+cuda_graph = [true, false]
+"""
+
+
+def test_failing_gate_report_counts_equal_junit(tmp_path):
+    case = tmp_path / "small.toml"
+    case.write_text(CASE)
+    out, junit, html = tmp_path / "g.jsonl", tmp_path / "g.xml", tmp_path / "g.html"
+    r = CliRunner().invoke(app, ["gate", str(case), "--fault", "padded-kv-visible", "--jobs", "1", "--out", str(out),
+                                 "--junit", str(junit), "--html", str(html), "--device", "cpu"])
+    assert r.exit_code == 1, r.output
+    failures = int(ET.parse(junit).getroot().get("failures"))
+    views = group([out])
+    assert failures == sum(v.status in ("diverge", "missed") for v in views) == 2
+    runs = {json.loads(x).get("run") for x in out.read_text().splitlines()}
+    assert len(runs) == 2 and None not in runs      # every record carries its run's id
+    summary = next(json.loads(x) for x in out.read_text().splitlines() if json.loads(x)["kind"] == "summary")
+    assert summary["ddcheck_version"] and summary["time"]
+    assert "2 diverge" in html.read_text()
+
+
+def test_two_runs_with_one_reproduce_command_stay_apart(tmp_path):
+    out = tmp_path / "r.jsonl"
+    args = ["run", "--backend", "torch", "--max-new-tokens", "4", "--budget", "4"]
+    for _ in range(2):
+        assert CliRunner().invoke(app, [*args, "--out", str(tmp_path / "one.jsonl")]).exit_code == 0
+        out.write_text(out.read_text() + (tmp_path / "one.jsonl").read_text() if out.exists()
+                       else (tmp_path / "one.jsonl").read_text())
+    views = group([out])
+    assert len(views) == 2 and views[0].setting == views[1].setting
+    assert all(len(v.nodes) == len(views[0].nodes) for v in views)
+
+
+def test_missing_evidence_is_incomplete_and_exits_1(tmp_path):
+    src = tmp_path / "r.jsonl"
+    r = CliRunner().invoke(app, ["run", "--backend", "torch", "--max-new-tokens", "4", "--fault", "padded-kv-visible",
+                                 "--budget", "16", "--out", str(src)])
+    assert r.exit_code == 1
+    cut = tmp_path / "cut.jsonl"
+    lines = src.read_text().splitlines()
+    cut.write_text("\n".join(ln for ln in lines if json.loads(ln)["kind"] != "summary") + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for path in (cut, empty):
+        html = tmp_path / f"{path.stem}.html"
+        res = CliRunner().invoke(app, ["report", str(path), "-o", str(html)])
+        assert res.exit_code == 1, res.output
+        assert "1 incomplete" in res.output
+        assert "incomplete" in html.read_text() and 'class="verdict bad"' in html.read_text()
+    ok = CliRunner().invoke(app, ["run", "--backend", "torch", "--max-new-tokens", "4", "--out", str(tmp_path / "ok.jsonl")])
+    assert ok.exit_code == 0
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "ok.jsonl"), "-o", str(tmp_path / "ok.html")]).exit_code == 0
