@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 
 from harness.cases import Case, model_vocab
 from harness.report.model import describe_first
+from harness.runner.settings import UsageError
 from harness.sweep import SettingJob, SettingResult, short_label
 
 
@@ -31,17 +32,27 @@ def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
     matrix setting where it can show."""
     from harness.faults import why_cannot_show
     jobs: list[SettingJob] = []
+    shown = 0
     for case in cases:
         vocab = model_vocab(case.base.model)
         for s, label in case.labelled_settings():
             if inject and not s.fault and not why_cannot_show(inject, s, vocab):
                 s = replace(s, fault=inject)  # where it cannot show, the setting runs fault-free
+                shown += 1
             jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, label,
                                    acceptance=None if s.fault else case.acceptance_for(label)))
         for f in case.faults:
             for s in map(case.with_tolerance, f.under.settings(case.base)):
                 jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, f"fault {f.name}", f.name))
+    if inject and not shown:   # a fault switched on nowhere would make a vacuous pass
+        raise UsageError(f"--fault {inject} can show in no matrix setting of "
+                         f"{', '.join(c.name for c in cases)}; it needs: {catalog_shows_when(inject)}")
     return jobs
+
+
+def catalog_shows_when(name: str) -> str:
+    from harness.faults.registry import catalog
+    return catalog()[name].shows_when
 
 
 def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]:

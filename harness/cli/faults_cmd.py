@@ -35,19 +35,20 @@ def faults(
     """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
     from harness.faults.registry import catalog
     cat = catalog()
+    unknown = [n for n in only or [] if n not in cat]
+    if unknown:   # with or without --check: a name that is no fault is a usage error, never an empty pass
+        fail_usage(ValueError(f"unknown fault {unknown[0]!r}; `ddcheck faults` lists them"))
     if not check:
         t = Table(title="fault catalog (ddcheck run --fault NAME)")
         for col in ("fault", "shows when", "breaks", "class"):
             t.add_column(col, overflow="fold")
         for f in cat.values():
-            t.add_row(f.name, f.shows_when, f.breaks, f.expected_class)
+            if not only or f.name in only:
+                t.add_row(f.name, f.shows_when, f.breaks, f.expected_class)
         Console().print(t)
         return
     if seeds < 1 or fault_seeds < 1:
         fail_usage(ValueError("--seeds and --fault-seeds must be >= 1"))
-    unknown = [n for n in only or [] if n not in cat]
-    if unknown:
-        fail_usage(ValueError(f"unknown fault {unknown[0]!r}; `ddcheck faults` lists them"))
     from harness.faults.selftest import self_check
     console = Console(stderr=True)
     rows = []

@@ -70,3 +70,15 @@ def test_missing_evidence_is_incomplete_and_exits_1(tmp_path):
     ok = CliRunner().invoke(app, ["run", "--backend", "torch", "--max-new-tokens", "4", "--out", str(tmp_path / "ok.jsonl")])
     assert ok.exit_code == 0
     assert CliRunner().invoke(app, ["report", str(tmp_path / "ok.jsonl"), "-o", str(tmp_path / "ok.html")]).exit_code == 0
+
+
+def test_no_vacuous_verdicts(tmp_path):
+    r = CliRunner().invoke(app, ["faults", "--fault", "nosuch"])
+    assert r.exit_code == 2 and "unknown fault 'nosuch'" in r.output
+    case = tmp_path / "c.toml"
+    case.write_text(CASE.replace("budget = [16]", "budget = [4]"))   # budget 4, topk 1: no padding rows
+    out = tmp_path / "g.jsonl"
+    r = CliRunner().invoke(app, ["gate", str(case), "--fault", "padded-kv-visible", "--jobs", "1",
+                                 "--out", str(out), "--device", "cpu"])
+    assert r.exit_code == 2 and "can show in no matrix setting" in r.output, r.output
+    assert not out.exists()
