@@ -45,3 +45,37 @@ def pick_device(device: str) -> str:
 def pick_backend(backend: str | None) -> str:
     from harness.attn import default_backend
     return backend or default_backend()
+
+
+def check_outputs(**paths) -> None:
+    """Every output path (flag name -> path or None) is writable BEFORE any work:
+    not a directory, not under a file, its folder creatable and writable.
+    Raises UsageError naming the flag."""
+    import os
+    from pathlib import Path
+    for flag, path in paths.items():
+        if path is None:
+            continue
+        p, name = Path(path), "--" + flag.replace("_", "-")
+        if p.is_dir():
+            raise UsageError(f"{name} {p}: is a directory")
+        parent = p.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir():
+            raise UsageError(f"{name} {p}: {parent} is not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{name} {p}: {parent} is not writable")
+
+
+def write_text_atomic(path, text: str) -> None:
+    """All or nothing: a temporary file beside `path`, renamed over it."""
+    from pathlib import Path
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, fail_usage, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_device, write_text_atomic
 
 
 def _flags(s) -> str:
@@ -49,6 +49,10 @@ def faults(
         return
     if seeds < 1 or fault_seeds < 1:
         fail_usage(ValueError("--seeds and --fault-seeds must be >= 1"))
+    try:
+        check_outputs(json=json_out)
+    except USAGE_ERRORS as e:
+        fail_usage(e)
     from harness.faults.selftest import self_check
     console = Console(stderr=True)
     rows = []
@@ -67,8 +71,7 @@ def faults(
         fail_usage(e)
     _print_table(rows)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps([_row_dict(r) for r in rows], indent=1))
+        write_text_atomic(json_out, json.dumps([_row_dict(r) for r in rows], indent=1))
     raise typer.Exit(0 if all(r.ok for r in rows) else 1)
 
 

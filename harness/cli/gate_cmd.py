@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, fail_usage
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, write_text_atomic
 from harness.runner.settings import UsageError
 
 
@@ -48,6 +48,7 @@ def gate(
     from harness.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
     t0 = time.perf_counter()
     try:
+        check_outputs(out=out, junit=junit, json=json_out, html=html)
         if jobs < 0:
             raise UsageError(f"--jobs must be >= 0, got {jobs}")
         if fault is not None and fault not in catalog():
@@ -65,8 +66,7 @@ def gate(
     for path, text in ((junit, junit_xml(verdicts, wall) if junit else ""),
                        (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):
         if path:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            write_text_atomic(path, text)
     print_frame(job_list, results)
     failed = [v for v in verdicts if not v.passed]
     for v in failed:

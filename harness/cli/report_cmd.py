@@ -7,7 +7,7 @@ from typing import List
 import typer
 
 from harness.cli import app
-from harness.cli.common import fail_usage
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
 
 
 @app.command()
@@ -20,8 +20,9 @@ def report(
     from harness.report.html import write_report
     from harness.report.model import BAD_STATUSES, ReportInputError
     try:
+        check_outputs(out=out)
         views = write_report(records, out)
-    except ReportInputError as e:
+    except (ReportInputError, *USAGE_ERRORS) as e:
         fail_usage(e)
     bad = [v for v in views if v.status in BAD_STATUSES or v.status == "incomplete"]
     incomplete = sum(v.status == "incomplete" for v in bad)

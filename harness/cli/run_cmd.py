@@ -14,7 +14,7 @@ from rich.table import Table
 from harness.check import CheckSummary, check, prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
 
@@ -55,6 +55,7 @@ def run(
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
     try:
+        check_outputs(out=out, html=html)
         s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
