@@ -104,6 +104,7 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
     with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
         cfg, weights = load_checkpoint(directory)
+        check_finite_weights(weights, s.model)
         oracle = load_oracle_from(directory, s.model)
     load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     backend = make_backend(s.backend, s.device, s.torch_dtype)
@@ -114,8 +115,19 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -
     pipeline, port = attach_port(s, pipeline, cfg.vocab_size)
     specs = prompts_for_batch(s.batch, prompts)
     ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
+    for spec, toks in zip(specs, ids):
+        if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
+            raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
+                             f"(vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port)
+
+
+def check_finite_weights(weights: dict, model: str) -> None:
+    """A checkpoint with NaN or Inf in a tensor is bad input, named before anything runs."""
+    for name, w in weights.items():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
 
 
 def load_oracle_from(directory, model: str):

@@ -56,3 +56,32 @@ def test_bad_output_paths_exit_2_before_any_work(tmp_path):
         lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
         assert len(lines) == 1 and "Traceback" not in r.output and lines[0].startswith("ddcheck: error:"), (name, r.output)
         assert {p for p in tmp.rglob("*")} == before, name   # nothing written, no temp file left
+
+
+def test_bad_model_inputs_are_input_errors_not_engine_crashes(tmp_path):
+    """A prompt token beyond the vocabulary and a checkpoint with NaN weights:
+    exit 2, one line, before the engine runs."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from harness.model.presets import checkpoint_dir
+    case = tmp_path / "c.toml"
+    case.write_text('max_new_tokens = 2\n[[prompts]]\nname = "big"\ntokens = [1, 2, 999999]\naccuracy = 0.5\n'
+                    '[[matrix]]\nbudget = [4]\n')
+    out = tmp_path / "s.jsonl"
+    r = CliRunner().invoke(app, ["sweep", "--case", str(case), "--jobs", "1", "--out", str(out)])
+    assert r.exit_code == 2 and "outside the model's vocabulary" in r.output, r.output
+    assert not out.exists()
+    with checkpoint_dir("tiny", 0) as d:
+        ckpt = tmp_path / "nan"
+        ckpt.mkdir()
+        for f in d.iterdir():
+            (ckpt / f.name).write_bytes(f.read_bytes())
+    st = next(ckpt.glob("*.safetensors"))
+    tensors = load_file(st)
+    name = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, st)
+    r = CliRunner().invoke(app, ["run", "--model", str(ckpt), *FAST, "--out", str(tmp_path / "r.jsonl")])
+    assert r.exit_code == 2 and "non-finite" in r.output, r.output
+    assert not (tmp_path / "r.jsonl").exists()
