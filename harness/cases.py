@@ -247,7 +247,8 @@ def load_case(path: Path) -> Case:
         block_size=_positive(path, doc, "block_size", 8, minimum=2),
         backend="torch", impl=_impl(path, doc),
         port_stages=_get(path, doc, "port_stages", "", (str, type(None)), None, "a comma list of port stages"),
-        strict=_get(path, doc, "strict", "", bool, False, "true or false"))
+        strict=_get(path, doc, "strict", "", bool, False, "true or false"),
+        case=str(path) if "prompts" in doc else None)   # the reproduce command must bring the case's prompts
     matrices = doc.get("matrix", [])
     if not isinstance(matrices, list):
         raise _fail(path, "matrix", "an array of tables ([[matrix]])", matrices)

@@ -100,8 +100,12 @@ class Prepared:
         return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
 
 
-def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS) -> Prepared:
-    """Raises UsageError / ModelLoadError / BackendUnavailable on bad input."""
+def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
+    """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
+    the given ones, else the case file's the settings name (`--case`), else the seed's."""
+    if prompts is None:
+        from harness.cases import load_case
+        prompts = load_case(s.case).prompts if s.case else DEFAULT_PROMPTS
     with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
         cfg, weights = load_checkpoint(directory)
         check_finite_weights(weights, s.model)

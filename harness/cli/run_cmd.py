@@ -51,6 +51,8 @@ def run(
     kv_poison: bool = typer.Option(True, "--kv-poison/--no-kv-poison",
                                    help="free KV slots hold NaN, so a read of one shows even under a zero weight"),
     eos_id: Optional[int] = typer.Option(None, help="end-of-sequence token id: streams stop there, on both sides"),
+    case: Optional[Path] = typer.Option(None, help="take the prompts of this case file (the reproduce commands of "
+                                        "a gate or a sweep --case name it)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -60,7 +62,7 @@ def run(
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
-                        kv_poison=kv_poison, eos_id=eos_id)
+                        kv_poison=kv_poison, eos_id=eos_id, case=str(case) if case else None)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

@@ -1,6 +1,7 @@
 """Run settings and the requests of a run."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -31,6 +32,7 @@ class RunSettings:
     impl: str | None = None         # FAMILY:PATH of a port under test (harness/ports); None: ddcheck's own engine
     port_stages: str | None = None  # comma list of the port's stages to use; None: all it provides
     strict: bool = False            # audit warnings fail the run too
+    case: str | None = None         # the case file whose prompts the run uses (None: the seed's prompts)
     kv_poison: bool = True          # free KV slots hold NaN (the provenance canary's poison)
     eos_id: int | None = None       # end-of-sequence token: a stream stops there (on both sides)
 
@@ -82,6 +84,8 @@ class RunSettings:
             parts.append("--no-kv-poison")
         if self.eos_id is not None:
             parts.append(f"--eos-id {self.eos_id}")
+        if self.case:
+            parts.append(f"--case {shlex.quote(self.case)}")
         return " ".join(parts)
 
 

@@ -82,3 +82,26 @@ def test_no_vacuous_verdicts(tmp_path):
                                  "--out", str(out), "--device", "cpu"])
     assert r.exit_code == 2 and "can show in no matrix setting" in r.output, r.output
     assert not out.exists()
+
+
+def test_a_printed_reproduce_command_reproduces_a_case_run(tmp_path):
+    """A gate setting of a case with its own token prompts: the summary's
+    reproduce command, run as printed, gives the same node records."""
+    import shlex
+    case = tmp_path / "p.toml"
+    case.write_text('max_new_tokens = 6\n[[prompts]]\nname = "mine"\ntokens = [5, 9, 17, 3, 3, 40, 2]\n'
+                    'accuracy = 0.8\n[[matrix]]\nbudget = [8]\ntopk = [2]\n')
+    out = tmp_path / "g.jsonl"
+    assert CliRunner().invoke(app, ["gate", str(case), "--jobs", "1", "--device", "cpu", "--out", str(out)]).exit_code == 0
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    command = next(r for r in recs if r["kind"] == "summary")["setting"]
+    assert f"--case {case}" in command
+    again = tmp_path / "again.jsonl"
+    argv = shlex.split(command)[1:] + ["--out", str(again)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+
+    def nodes(rs):
+        return [{k: v for k, v in r.items() if k not in ("run", "setting")} for r in rs if r["kind"] == "node"]
+    assert nodes(recs) == nodes(json.loads(x) for x in again.read_text().splitlines())
+    streams = [r for r in recs if r["kind"] == "stream"]
+    assert streams[0]["prompt"] == "mine"
