@@ -11,6 +11,7 @@ RECORD_KINDS = {
     "tree": "one per (step, request) whose tree is not the oracle's own best-first build from the same drafts",
     "accept-ref": "one per (step, request) whose walk is not the oracle's own greedy walk over the same tree",
     "audit": "one per structural finding on a port's verify metadata (mask, inputs, acceptance, commit)",
+    "interrupted": "last line of a sweep or gate stopped by Ctrl-C: settings finished and total",
     "side-by-side": "one per pair of implementations run on the same drafts: where they first differ",
     "localize": "one per divergent run: mask probe, KV audit, layer bisect, explanation",
     "summary": "one per run: counts and the first divergence",

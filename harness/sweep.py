@@ -128,9 +128,31 @@ def run_job(job: SettingJob) -> SettingResult:
     return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
 
 
+class Interrupted(Exception):
+    """Ctrl-C during a sweep: the settings that finished, in job order."""
+
+    def __init__(self, finished: list[SettingResult], total: int) -> None:
+        super().__init__(f"interrupted after {len(finished)} of {total} settings")
+        self.finished, self.total = finished, total
+
+
 def _worker_init() -> None:
     import torch
     torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A worker gets SIGKILL when the sweep's process dies, however it dies
+    (kill -9 included), instead of running on as an orphan (Linux prctl)."""
+    import ctypes
+    import signal
+    import sys
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
 
 
 def prepare_environment() -> None:
@@ -170,25 +192,41 @@ def run_jobs(jobs: list[SettingJob], n_jobs: int,
             on_done(by_index[r.index], r)
 
     ordered = sorted(jobs, key=lambda j: -j.cost)
-    if n_jobs <= 1 or len(jobs) <= 1:
-        for job in ordered:
-            done(run_job(job))
-    else:
-        with ProcessPoolExecutor(min(n_jobs, len(jobs)), mp_context=get_context("spawn"),
-                                 initializer=_worker_init) as pool:
-            pending = {pool.submit(run_job, j) for j in ordered}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    done(f.result())
+    try:
+        if n_jobs <= 1 or len(jobs) <= 1:
+            for job in ordered:
+                done(run_job(job))
+        else:
+            _run_pool(ordered, n_jobs, done)
+    except KeyboardInterrupt:
+        raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None
     return [results[j.index] for j in jobs]
 
 
-def write_jsonl(results: list[SettingResult], path: Path) -> None:
-    """One JSONL for the whole sweep, settings in order (each line carries `setting`)."""
+def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:
+    pool = ProcessPoolExecutor(min(n_jobs, len(ordered)), mp_context=get_context("spawn"), initializer=_worker_init)
+    try:
+        pending = {pool.submit(run_job, j) for j in ordered}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done(f.result())
+    except KeyboardInterrupt:   # cancel what has not started; the running workers are stopped
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:
+    """One JSONL for the whole sweep, settings in order (each line carries `setting`);
+    after a Ctrl-C, a last `interrupted` record (finished, total)."""
     writer = RecordWriter(path)
     for r in results:
         writer.lines.extend(r.lines)
+    if interrupted:
+        writer.write({"kind": "interrupted", "finished": interrupted[0], "total": interrupted[1]})
     writer.commit()
 
 

@@ -59,7 +59,7 @@ def gate(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    results = run_or_exit(job_list, jobs or default_jobs(), "gate")
+    results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
     wall = time.perf_counter() - t0
     verdicts = judge(job_list, results)
     write_jsonl(results, out)

@@ -75,9 +75,19 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
                         "catalog entry says (not a failure); [red]MISSED[/]: it was not", highlight=False)
 
 
-def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str) -> list[SettingResult]:
-    """Run every setting; a usage error met inside a worker is exit 2."""
-    results = run_with_progress(jobs, n_jobs, title)
+def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | None = None) -> list[SettingResult]:
+    """Run every setting; a usage error met inside a worker is exit 2. Ctrl-C:
+    the finished settings' records go to `out` with an `interrupted` record
+    (a report shows the file as incomplete), one line says what finished, exit 130."""
+    from harness.sweep import Interrupted
+    try:
+        results = run_with_progress(jobs, n_jobs, title)
+    except Interrupted as e:
+        if out is not None:
+            write_jsonl(e.finished, out, interrupted=(len(e.finished), e.total))
+        typer.echo(f"{title}: interrupted: {len(e.finished)} of {e.total} settings finished"
+                   + (f"; their records in {out} (incomplete)" if out is not None else ""), err=True)
+        raise typer.Exit(130)
     err = next((f"{r.usage_error} (setting: {r.setting})" for r in results if r.usage_error), None)
     if err:
         fail_usage(UsageError(err))
@@ -126,7 +136,7 @@ def sweep(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    results = run_or_exit(job_list, jobs or default_jobs(), "sweep")
+    results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
     write_jsonl(results, out)
     print_frame(job_list, results)
     typer.echo(f"records: {out}")

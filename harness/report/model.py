@@ -99,6 +99,11 @@ def group(paths: list[Path]) -> list[SettingView]:
         if not records:
             views[(str(path), "")] = SettingView(f"s{len(views)}", "(no records)", str(path))
         for rec in records:
+            if rec["kind"] == "interrupted":   # settings that never ran: the file is incomplete
+                views[(str(path), "interrupted")] = SettingView(
+                    f"s{len(views)}", f"(interrupted: {rec.get('total', 0) - rec.get('finished', 0)} settings did not run)",
+                    str(path))
+                continue
             # a record without `setting` belongs to the run whose records precede it
             setting = str(rec.get("setting") or last)
             last = setting

@@ -1,0 +1,59 @@
+"""Ctrl-C on a sweep: pending settings are cancelled, the finished ones'
+records are written and marked incomplete, exit 130, no worker outlives it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def test_sigint_stops_a_sweep_cleanly(tmp_path):
+    out = tmp_path / "s.jsonl"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-c", "from harness.cli import main; main()", "sweep", "--budget", "4,8,16,32",
+           "--topk", "1,2", "--batch", "1,2", "--backend", "torch", "--max-new-tokens", "24", "--jobs", "2",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    parent = psutil.Process(proc.pid)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(parent.children(recursive=True)) < 2:
+        time.sleep(0.5)
+    time.sleep(8)   # let a setting or two finish
+    workers = parent.children(recursive=True)
+    assert workers, "the sweep started no worker"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted:" in err and "of 16 settings finished" in err
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert records[-1]["kind"] == "interrupted" and records[-1]["total"] == 16
+    assert records[-1]["finished"] == sum(r["kind"] == "summary" for r in records) < 16
+    time.sleep(1)
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_workers_die_with_a_killed_sweep(tmp_path):
+    """kill -9 on the sweep: its pool workers get SIGKILL too (no orphans)."""
+    cmd = [sys.executable, "-c", "from harness.cli import main; main()", "sweep", "--budget", "4,8,16,32",
+           "--topk", "1,2", "--batch", "1,2", "--backend", "torch", "--max-new-tokens", "24", "--jobs", "2",
+           "--out", str(tmp_path / "s.jsonl")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(parent.children(recursive=True)) < 2:
+        time.sleep(0.5)
+    time.sleep(3)
+    workers = parent.children(recursive=True)
+    assert workers
+    proc.kill()
+    proc.wait(timeout=30)
+    time.sleep(3)
+    alive = [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    for w in alive:
+        w.kill()
+    assert not alive, f"{len(alive)} workers outlived the sweep"
