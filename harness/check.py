@@ -22,6 +22,7 @@ from harness.oracle_lookup import load_oracle_class
 from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
+from harness.step_clock import StepClock
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
 
 
@@ -69,6 +70,10 @@ class CheckSummary:
     first_finding: str | None = None
     strict: bool = False             # warnings fail the run too
     provenance_findings: int = 0     # KV canary findings: slots read or written against their provenance
+    divergent_steps: int = 0         # verify steps with at least one divergent node
+    stopped_early: bool = False      # the run ended after --stop-after divergent steps
+    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
+    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
 
     @property
     def passed(self) -> bool:
@@ -154,23 +159,34 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
     tally = AcceptanceTally()
-    for result in p.engine.rounds():
+    clock = StepClock()
+    for result in clock.timed(p.engine.rounds()):
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
-        for rs in result.requests:
-            ref = _check_request_step(rs, p.oracle, tol, summary, writer)
-            _cross_check_acceptance(rs, s.accept, summary, writer)
-            _check_against_reference(p, rs, ref, summary, writer)
-            tally.add(rs.tree, rs.acceptance)
+        divergent_before = summary.divergent_nodes
+        with clock.oracle():
+            for rs in result.requests:
+                ref = _check_request_step(rs, p.oracle, tol, summary, writer)
+                _cross_check_acceptance(rs, s.accept, summary, writer)
+                _check_against_reference(p, rs, ref, summary, writer)
+                tally.add(rs.tree, rs.acceptance)
         _check_batch_padding(p, result.step, summary)
         _check_provenance(result.provenance, result.requests, summary, writer)
         if p.port is not None:
             _audit_port_step(p, result, summary, writer)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
+        summary.divergent_steps += summary.divergent_nodes > divergent_before
+        if s.stop_after and summary.divergent_steps >= s.stop_after:
+            summary.stopped_early = True
+            summary.notes.append(f"stopped after {summary.divergent_steps} divergent steps (--stop-after "
+                                 f"{s.stop_after}); streams not compared")
+            break
+    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
     summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
-    _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
-    _check_streams(p, summary, writer)
+    if not summary.stopped_early:   # an unfinished engine has neither finish findings nor full streams
+        _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
+        _check_streams(p, summary, writer)
     _add_notes(p, summary, ignored_prefix_keys)
     if summary.first is not None and localize:
         _localize(p, summary, writer)

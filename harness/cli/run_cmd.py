@@ -51,6 +51,7 @@ def run(
     kv_poison: bool = typer.Option(True, "--kv-poison/--no-kv-poison",
                                    help="free KV slots hold NaN, so a read of one shows even under a zero weight"),
     eos_id: Optional[int] = typer.Option(None, help="end-of-sequence token id: streams stop there, on both sides"),
+    stop_after: int = typer.Option(2, help="end the run after this many divergent verify steps (0: run to the end)"),
     case: Optional[Path] = typer.Option(None, help="take the prompts of this case file (the reproduce commands of "
                                         "a gate or a sweep --case name it)"),
 ) -> None:
@@ -62,7 +63,7 @@ def run(
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
-                        kv_poison=kv_poison, eos_id=eos_id, case=str(case) if case else None)
+                        kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
@@ -120,6 +121,11 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("padding rows seen", str(summary.padding_rows))
     t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))
+    if summary.engine_s_per_step is not None:
+        t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
+                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms")
+    if summary.stopped_early:
+        t.add_row("stopped early", f"after {summary.divergent_steps} divergent steps (--stop-after)")
     if summary.mean_accepted_length is not None:
         depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
         t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")

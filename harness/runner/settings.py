@@ -35,6 +35,7 @@ class RunSettings:
     case: str | None = None         # the case file whose prompts the run uses (None: the seed's prompts)
     kv_poison: bool = True          # free KV slots hold NaN (the provenance canary's poison)
     eos_id: int | None = None       # end-of-sequence token: a stream stops there (on both sides)
+    stop_after: int = 2             # end the run after this many divergent verify steps (0: never)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -47,7 +48,8 @@ class RunSettings:
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
                   (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
-                  (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}")]
+                  (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}"),
+                  (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -84,6 +86,8 @@ class RunSettings:
             parts.append("--no-kv-poison")
         if self.eos_id is not None:
             parts.append(f"--eos-id {self.eos_id}")
+        if self.stop_after != 2:
+            parts.append(f"--stop-after {self.stop_after}")
         if self.case:
             parts.append(f"--case {shlex.quote(self.case)}")
         return " ".join(parts)

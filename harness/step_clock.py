@@ -1,0 +1,49 @@
+"""Wall time per verify step, split between the engine and the float64 oracle (issue 10, item 3).
+
+The engine's time is what the rounds generator spends producing a step; the oracle's is what the
+comparison of that step spends (its float64 forwards dominate). On CUDA the engine's time is taken
+after a synchronize, so queued kernels are counted in the step that queued them.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterable, Iterator, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+@dataclass
+class StepClock:
+    engine_s: float = 0.0
+    oracle_s: float = 0.0
+
+    def timed(self, rounds: Iterable[T]) -> Iterator[T]:
+        """Yield the engine's steps, adding the time each took to produce to engine_s."""
+        it = iter(rounds)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                step = next(it)
+            except StopIteration:
+                return
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            self.engine_s += time.perf_counter() - t0
+            yield step
+
+    @contextmanager
+    def oracle(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.oracle_s += time.perf_counter() - t0
+
+    def per_step(self, steps: int) -> tuple[float | None, float | None]:
+        if steps == 0:
+            return None, None
+        return self.engine_s / steps, self.oracle_s / steps
