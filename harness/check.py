@@ -17,12 +17,12 @@ from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.load_agreement import LoadMismatch, compare_loaded
 from harness.load_agreement import explain as explain_load
-from harness.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
+from harness.model.presets import PRESETS, ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
 from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
-from harness.step_clock import StepClock
+from harness.step_clock import StepClock, machine_cores, oracle_threads
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
 
 
@@ -160,11 +160,13 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     ignored_prefix_keys = 0
     tally = AcceptanceTally()
     clock = StepClock()
+    # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
+    threads = torch.get_num_threads() if s.model in PRESETS else machine_cores()
     for result in clock.timed(p.engine.rounds()):
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         divergent_before = summary.divergent_nodes
-        with clock.oracle():
+        with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
                 ref = _check_request_step(rs, p.oracle, tol, summary, writer)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
@@ -186,7 +188,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
     if not summary.stopped_early:   # an unfinished engine has neither finish findings nor full streams
         _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
-        _check_streams(p, summary, writer)
+        with oracle_threads(threads):
+            _check_streams(p, summary, writer)
     _add_notes(p, summary, ignored_prefix_keys)
     if summary.first is not None and localize:
         _localize(p, summary, writer)

@@ -6,6 +6,7 @@ after a synchronize, so queued kernels are counted in the step that queued them.
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,3 +48,24 @@ class StepClock:
         if steps == 0:
             return None, None
         return self.engine_s / steps, self.oracle_s / steps
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity), not the host's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:   # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def oracle_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to n for the float64 oracle's forwards, restored after: the CLI
+    keeps the engine on few threads (tiny presets run faster so), but a checkpoint's float64 oracle
+    is matmul-bound and wants every core (issue 10: one thread made the 8B run take ~27 minutes)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(n, 1))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -22,3 +22,12 @@ def test_stop_after_ends_a_divergent_run_early(tmp_path):
     assert one["stopped_early"] and one["divergent_steps"] == 1
     assert one["steps"] < full["steps"]
     assert one["oracle_s_per_step"] > 0 and one["engine_s_per_step"] > 0
+
+
+def test_oracle_threads_set_and_restored():
+    import torch
+    from harness.step_clock import machine_cores, oracle_threads
+    before = torch.get_num_threads()
+    with oracle_threads(machine_cores()):
+        assert torch.get_num_threads() == machine_cores()
+    assert torch.get_num_threads() == before
