@@ -138,12 +138,14 @@ class DenseLlama:
         return self._linear(gate * self._linear(x, p + "up_proj"), p + "down_proj")
 
     def forward(self, token_ids: list[int], positions: list[int] | None = None,
-                visible: Tensor | None = None) -> ForwardResult:
+                visible: Tensor | None = None, last_logits_only: bool = False) -> ForwardResult:
         """Run the whole sequence at once.
 
         token_ids: T ints in [0, vocab). positions: T RoPE positions, default
         0..T-1. visible: [T, T] bool (row = query, column = key), default causal.
         Returns ForwardResult(logits [T, V], hiddens, ks, vs); see its docstring.
+        last_logits_only: the output projection for the last position alone
+        (logits [1, V]): callers that read one row skip T - 1 rows of [hidden, V].
         """
         c = self.config
         t = len(token_ids)
@@ -175,8 +177,10 @@ class DenseLlama:
             hiddens.append(h)
             ks.append(k)
             vs.append(v)
-        normed = rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)  # [T, hidden]
-        logits = normed @ self.w["lm_head.weight"].T  # [T, V]
+        if last_logits_only:
+            h = h[-1:]  # [1, hidden]
+        normed = rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)  # [T or 1, hidden]
+        logits = normed @ self.w["lm_head.weight"].T  # [T or 1, V]
         return ForwardResult(logits, hiddens, ks, vs)
 
     __call__ = forward

@@ -76,7 +76,7 @@ class DenseOracle:
         rows = []
         for node in range(len(tokens)):
             sequence = list(prefix) + root_path(tokens, parents, node)
-            rows.append(self.model.forward(sequence).logits[-1])  # [V]
+            rows.append(self.model.forward(sequence, last_logits_only=True).logits[-1])  # [V]
         return torch.stack(rows)  # [n, V]
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
@@ -91,7 +91,7 @@ class DenseOracle:
             raise ValueError("max_new_tokens must be >= 0")
         sequence, emitted, gaps = list(prompt), [], []
         for _ in range(max_new_tokens):
-            last = self.model.forward(sequence).logits[-1]  # [V]
+            last = self.model.forward(sequence, last_logits_only=True).logits[-1]  # [V]
             token = int(torch.argmax(last))
             gaps.append(top_gap(last))
             emitted.append(token)

@@ -81,7 +81,8 @@ def test_tree_rows_equal_per_path_forwards(oracle):
     assert rows.shape == (5, CFG.vocab_size) and rows.dtype == torch.float64
     for node in range(5):
         expected = oracle.model.forward(prefix + root_path(tokens, parents, node)).logits[-1]
-        assert torch.equal(rows[node], expected)
+        # the oracle projects only the row it reads: a [1, hidden] matmul, not bitwise the [T, hidden] one's row
+        assert (rows[node] - expected).abs().max().item() <= 1e-12
     chain = oracle.tree_logits(prefix, [1, 2, 7], [-1, 0, 1])
     torch.testing.assert_close(chain, oracle.model.forward(prefix + [1, 2, 7]).logits[2:],
                                atol=1e-12, rtol=0)
