@@ -182,14 +182,14 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         if s.stop_after and summary.divergent_steps >= s.stop_after:
             summary.stopped_early = True
             summary.notes.append(f"stopped after {summary.divergent_steps} divergent steps (--stop-after "
-                                 f"{s.stop_after}); streams not compared")
+                                 f"{s.stop_after}); streams compared over the tokens emitted")
             break
     summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
     summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
-    if not summary.stopped_early:   # an unfinished engine has neither finish findings nor full streams
+    if not summary.stopped_early:   # an unfinished engine has no finish findings
         _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
-        with oracle_threads(threads):
-            _check_streams(p, summary, writer)
+    with oracle_threads(threads):
+        _check_streams(p, summary, writer)
     _add_notes(p, summary, ignored_prefix_keys)
     if summary.first is not None and localize:
         _localize(p, summary, writer)
@@ -354,12 +354,12 @@ def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> 
 
 
 def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
-    n = p.settings.max_new_tokens
+    n = p.settings.max_new_tokens   # a run stopped early (--stop-after) compares what it emitted
     # an engine within tol * scale of the oracle can flip a choice whose gap is below twice that
     tie = 2 * p.tolerance * max(summary.max_ref_scale, 1.0)
     for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
-        ref, gaps = p.oracle.greedy(ids, n)
         got = r.emitted[:n]
+        ref, gaps = p.oracle.greedy(ids, len(got) if summary.stopped_early else n)
         first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
         verdict = "match"
         if first is not None:
