@@ -8,7 +8,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from harness.spec.verify_inputs import AttnMetadata
+from harness.ddtree.verify_inputs import AttnMetadata
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot run here (missing package, too old): a usage error."""

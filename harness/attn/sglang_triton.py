@@ -11,7 +11,7 @@ import sys
 import torch
 
 from harness.attn.base import BackendUnavailable, register
-from harness.spec.verify_inputs import AttnMetadata
+from harness.ddtree.verify_inputs import AttnMetadata
 
 MODULE_PATHS = (
     "sglang.kernels.ops.attention.extend_attention",               # 0.5.15 and newer

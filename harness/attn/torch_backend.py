@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from harness.attn.base import register
-from harness.spec.verify_inputs import AttnMetadata
+from harness.ddtree.verify_inputs import AttnMetadata
 
 
 class TorchBackend:

@@ -8,10 +8,10 @@ import torch
 
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
                                      reads_prefix_mask, register, two_steps)
-from harness.spec.accept import Acceptance, greedy_walk
-from harness.spec.mask import flatten_blocks, request_mask_block, tree_visibility
-from harness.spec.tree import DraftTree
-from harness.spec.verify_inputs import VerifyBatch, build_verify_batch
+from harness.ddtree.accept import Acceptance, greedy_walk
+from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
 
 
 def _graph(**switches):

@@ -8,7 +8,7 @@ from typing import Callable
 
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import RunSettings, UsageError
-from harness.spec.tree import expected_num_nodes
+from harness.ddtree.tree import expected_num_nodes
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.spec.accept import greedy_walk
-from harness.spec.tree import DraftTree
+from harness.ddtree.accept import greedy_walk
+from harness.ddtree.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from harness.spec.tree import DraftTree
-from harness.spec.verify_inputs import AttnMetadata
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import AttnMetadata
 
 
 @dataclass(frozen=True)

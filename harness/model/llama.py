@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from ddschema import ModelConfig
 from harness.attn.base import AttentionBackend
 from harness.mem.pool import KVPool
-from harness.spec.verify_inputs import AttnMetadata
+from harness.ddtree.verify_inputs import AttnMetadata
 
 
 class LlamaModel:

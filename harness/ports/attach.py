@@ -10,7 +10,7 @@ from harness.ports.registry import load_adapter, parse_impl
 from harness.ports.stages import STAGE_FIELDS, AuditLog, PortStages, audit_step, parse_stages, port_pipeline
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import RunSettings
-from harness.spec.tree import expected_num_nodes
+from harness.ddtree.tree import expected_num_nodes
 
 
 class SettingSkipped(Exception):

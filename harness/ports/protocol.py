@@ -16,8 +16,8 @@ from typing import Any, Protocol
 import torch
 
 from harness.runner.settings import UsageError
-from harness.spec.accept import Acceptance
-from harness.spec.tree import DraftTree
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.tree import DraftTree
 
 STAGES = ("build", "compile", "accept", "commit")
 MASK_MEANINGS = ("allow", "nonzero", "additive")   # bool True = visible; != 0 visible; 0 visible, large negative hidden

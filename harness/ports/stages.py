@@ -17,9 +17,9 @@ from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import STAGES, PortAdapter, PortError
 from harness.ports.serving_state import ServingState
 from harness.runner.pipeline import Pipeline
-from harness.spec.accept import Acceptance
-from harness.spec.tree import DraftTree
-from harness.spec.verify_inputs import AttnMetadata, VerifyBatch
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import AttnMetadata, VerifyBatch
 
 
 @dataclass

@@ -7,7 +7,7 @@ import torch
 from harness.attn.torch_backend import TorchBackend
 from harness.mem.pool import KVPool
 from harness.model.llama import LlamaModel
-from harness.spec.verify_inputs import prefill_metadata
+from harness.ddtree.verify_inputs import prefill_metadata
 
 
 def dense_greedy(model: LlamaModel, prompt: list[int], n: int) -> list[int]:

@@ -16,11 +16,11 @@ from harness.model.llama import LlamaModel
 from harness.runner.graph import GraphRunner
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import PromptSpec, RunSettings, UsageError
-from harness.spec.accept import Acceptance
-from harness.spec.accept_sglang import pick_acceptors
-from harness.spec.drafter import DrafterConfig, NoisyOracleDrafter
-from harness.spec.tree import DraftTree
-from harness.spec.verify_inputs import VerifyBatch, prefill_metadata
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.accept_sglang import pick_acceptors
+from harness.ddtree.drafter import DrafterConfig, NoisyOracleDrafter
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import VerifyBatch, prefill_metadata
 
 
 @dataclass

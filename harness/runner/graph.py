@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from harness.mem.pool import PADDING_SLOT
-from harness.spec.verify_inputs import AttnMetadata, VerifyBatch
+from harness.ddtree.verify_inputs import AttnMetadata, VerifyBatch
 
 
 @dataclass(frozen=True)

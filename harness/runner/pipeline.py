@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.runner.graph import GraphOptions
-from harness.spec.accept import greedy_walk
-from harness.spec.commit import commit_kv
-from harness.spec.mask import flat_custom_mask
-from harness.spec.tree import build_tree
-from harness.spec.verify_inputs import build_verify_batch
+from harness.ddtree.accept import greedy_walk
+from harness.ddtree.commit import commit_kv
+from harness.ddtree.mask import flat_custom_mask
+from harness.ddtree.tree import build_tree
+from harness.ddtree.verify_inputs import build_verify_batch
 
 
 def verify_width(budget: int) -> int:

@@ -14,8 +14,8 @@ from harness.compare.acceptance_stats import AcceptanceBaseline, AcceptanceTally
 from harness.gate import judge, plan
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
-from harness.spec.accept import Acceptance
-from harness.spec.tree import DraftTree
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.tree import DraftTree
 from harness.sweep import run_job
 
 #   0 -> 1 -> 2 -> 3 (a chain), 0 -> 4

@@ -13,8 +13,8 @@ from harness.faults import apply_fault
 from harness.faults.registry import catalog, why_cannot_show
 from harness.faults import catalog as cat_mod
 from harness.runner.settings import RunSettings, UsageError
-from harness.spec.mask import flat_custom_mask, request_mask_block
-from harness.spec.tree import DraftTree
+from harness.ddtree.mask import flat_custom_mask, request_mask_block
+from harness.ddtree.tree import DraftTree
 
 NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short-graph-mask",
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
@@ -135,7 +135,7 @@ def test_positions_from_index_and_padding_alias():
 
 def test_contiguous_commit_and_root_bonus():
     from harness.mem.pool import ReqToTokenPool, SlotAllocator
-    from harness.spec.accept import Acceptance
+    from harness.ddtree.accept import Acceptance
     alloc, pool = SlotAllocator(20), ReqToTokenPool(1, 10, "cpu")
     slots = alloc.alloc(4)
     n = cat_mod._commit_contiguous(pool, alloc, 0, 2, slots, Acceptance((0, 2), 9))
@@ -150,7 +150,7 @@ def test_acceptance_audit_names_the_root_bonus():
     from types import SimpleNamespace
 
     from harness.localize.audits import audit_acceptance
-    from harness.spec.accept import greedy_walk
+    from harness.ddtree.accept import greedy_walk
     predicts = [6, 8, 1, 2]                                     # walk: 0 -> 1 -> 3, bonus 2
     logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()  # [q_len, vocab]
 

@@ -9,8 +9,8 @@ from harness.check import prepare
 from harness.mem.pool import PADDING_SLOT
 from harness.runner.graph import GraphRunner, capture_buckets
 from harness.runner.settings import RunSettings
-from harness.spec.tree import DraftTree, build_tree
-from harness.spec.verify_inputs import build_verify_batch
+from harness.ddtree.tree import DraftTree, build_tree
+from harness.ddtree.verify_inputs import build_verify_batch
 
 MAX_BS = 4
 

@@ -11,9 +11,9 @@ from harness.localize.audits import audit_inputs
 from harness.localize.explain import Evidence, classify
 from harness.localize.mask_probe import (ancestor_mask, derived_parents, diff_request, probe_visibility,
                                          row_stride_explains)
-from harness.spec.mask import flat_custom_mask
-from harness.spec.tree import DraftTree
-from harness.spec.verify_inputs import build_verify_batch
+from harness.ddtree.mask import flat_custom_mask
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import build_verify_batch
 
 # root, 3 nodes (row 3 is row 1's child), 2 padding rows; a chain of 2 nodes, 3 padding rows
 TREES = [DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=6),

@@ -10,9 +10,9 @@ from harness.ports.audit import audit_commit, audit_mask
 from harness.ports.loading import load_port_module, require
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import PortError, PortMask
-from harness.spec.accept import Acceptance
-from harness.spec.mask import request_mask_block
-from harness.spec.tree import DraftTree
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.mask import request_mask_block
+from harness.ddtree.tree import DraftTree
 
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)      # 2 drafts, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)

@@ -71,7 +71,7 @@ def test_reference_imports_only_torch_stdlib_ddschema_and_itself():
     ("import harness.attn as a\n", True),
     ("from harness.runner import run\n", True),
     ("from .. import harness\n", True),
-    ("from ..harness.spec import x\n", True),
+    ("from ..harness.ddtree import x\n", True),
     ("def f():\n    import harness\n", True),
     ("import harnesses\nfrom . import model\nfrom ddschema import Oracle\n", False),
 ])

@@ -12,10 +12,10 @@ import torch
 from harness.check import check, prepare
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
-from harness.spec import accept_sglang
-from harness.spec.accept import greedy_walk
-from harness.spec.accept_sglang import TreeLinks, build_links, sglang_accept, sglang_accept_batch
-from harness.spec.tree import DraftTree
+from harness.ddtree import accept_sglang
+from harness.ddtree.accept import greedy_walk
+from harness.ddtree.accept_sglang import TreeLinks, build_links, sglang_accept, sglang_accept_batch
+from harness.ddtree.tree import DraftTree
 
 pytestmark = pytest.mark.sglang
 

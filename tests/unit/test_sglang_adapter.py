@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from harness.attn import base, sglang_triton
 from harness.attn.base import BackendUnavailable
-from harness.spec import accept_sglang
+from harness.ddtree import accept_sglang
 
 MISSING = ("ddcheck_no_such.sglang.extend_attention", "ddcheck_no_such.sglang.old_extend_attention")
 

@@ -16,8 +16,8 @@ from harness.records import RecordWriter
 from harness.runner.engine import Engine
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import RunSettings
-from harness.spec.mask import flat_custom_mask
-from harness.spec.tree import DraftTree
+from harness.ddtree.mask import flat_custom_mask
+from harness.ddtree.tree import DraftTree
 
 pytestmark = pytest.mark.sglang
 

@@ -19,8 +19,8 @@ from harness.runner import engine as engine_module
 from harness.runner.engine import RequestStep
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import RunSettings
-from harness.spec.accept import Acceptance, greedy_walk
-from harness.spec.tree import DraftTree, build_tree
+from harness.ddtree.accept import Acceptance, greedy_walk
+from harness.ddtree.tree import DraftTree, build_tree
 from reference.accept import greedy_acceptance
 from reference.tree import best_first_tree
 

@@ -25,9 +25,9 @@ import torch
 
 from harness.ports.protocol import BuiltTrees, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family
-from harness.spec.accept import Acceptance
-from harness.spec.accept_sglang import TreeLinks, sglang_accept_batch
-from harness.spec.tree import DraftTree, build_tree
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.accept_sglang import TreeLinks, sglang_accept_batch
+from harness.ddtree.tree import DraftTree, build_tree
 
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 

@@ -7,8 +7,8 @@ from typing import Callable
 
 import torch
 
-from harness.spec.mask import flat_custom_mask
-from harness.spec.tree import DraftTree
+from harness.ddtree.mask import flat_custom_mask
+from harness.ddtree.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.spec.tree import DraftTree
+from harness.ddtree.tree import DraftTree
 
 
 @dataclass(frozen=True)

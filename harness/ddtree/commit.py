@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from harness.mem.pool import ReqToTokenPool, SlotAllocator
-from harness.spec.accept import Acceptance
+from harness.ddtree.accept import Acceptance
 
 
 def commit_kv(req_to_token: ReqToTokenPool, allocator: SlotAllocator, req_pool_idx: int,

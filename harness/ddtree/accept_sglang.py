@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from harness.spec.accept import Acceptance
-from harness.spec.tree import DraftTree
+from harness.ddtree.accept import Acceptance
+from harness.ddtree.tree import DraftTree
 
 SPEC_TREE_MODULE = "sglang.kernels.ops.speculative.spec_tree"
 ACCEPTORS = ("walk", "sglang")

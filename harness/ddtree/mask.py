@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.spec.tree import DraftTree
+from harness.ddtree.tree import DraftTree
 
 
 def tree_visibility(tree: DraftTree) -> torch.Tensor:
