@@ -37,9 +37,10 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
                       "BF16": torch.bfloat16}
 
 
-def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """Every tensor of one .safetensors file, as float64 on CPU. Reads one
-    tensor's bytes at a time, so the file is never held whole in memory."""
+def read_safetensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
+    """Every tensor of one .safetensors file, as float64 on `device`. Reads one
+    tensor's bytes at a time and moves it before widening it, so neither the
+    file nor its float64 copy is ever held whole in host memory."""
     path = Path(path)
     with path.open("rb") as f:
         size = path.stat().st_size
@@ -53,11 +54,11 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
         out = {}
         for name, entry in header.items():
             if name != "__metadata__":
-                out[name] = _read_tensor(f, 8 + header_len, name, entry, path.name)
+                out[name] = _read_tensor(f, 8 + header_len, name, entry, path.name, device)
     return out
 
 
-def _read_tensor(f, body: int, name: str, entry: dict, file_name: str) -> Tensor:
+def _read_tensor(f, body: int, name: str, entry: dict, file_name: str, device: str = "cpu") -> Tensor:
     """One tensor at byte offsets `entry["data_offsets"]` after the header, little-endian."""
     if entry["dtype"] not in SAFETENSORS_DTYPES:
         raise CheckpointRefused(f"{file_name}: {name} has dtype {entry['dtype']}, "
@@ -69,7 +70,7 @@ def _read_tensor(f, body: int, name: str, entry: dict, file_name: str) -> Tensor
     if len(raw) != end - begin:
         raise CheckpointRefused(f"{file_name}: {name} runs past the end of the file")
     flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)  # [numel]
-    return flat.reshape(entry["shape"]).to(torch.float64)
+    return flat.reshape(entry["shape"]).to(device).to(torch.float64)
 
 
 def rope_scaling_of(hf: dict) -> tuple[float, RopeScaling | None]:
@@ -139,9 +140,9 @@ def read_config(hf: dict) -> ModelConfig:
         raise CheckpointRefused(f"config.json describes no valid model: {e}") from None
 
 
-def load_checkpoint(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """(config, float64 tensors under Hugging Face names) of a checkpoint
-    directory: config.json plus every *.safetensors file in it."""
+def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(config, float64 tensors on `device` under Hugging Face names) of a
+    checkpoint directory: config.json plus every *.safetensors file in it."""
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise CheckpointRefused(f"{directory}: no config.json")
@@ -151,7 +152,7 @@ def load_checkpoint(directory: Path) -> tuple[ModelConfig, dict[str, Tensor]]:
         raise CheckpointRefused(f"{directory}: {e}") from None
     weights: dict[str, Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
-        weights.update(read_safetensors(f))
+        weights.update(read_safetensors(f, device))
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")

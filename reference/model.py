@@ -77,33 +77,35 @@ def causal_mask(t: int) -> Tensor:
 def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
     """Softmax attention in float64.
 
-    q [T, heads, d], k and v [T, kv_heads, d], visible [T, T] bool.
-    Returns [T, heads, d]. Every row must see at least one key.
+    q [T, heads, d], k and v [S, kv_heads, d] (S >= T: a cached prefix's keys
+    come first), visible [T, S] bool. Returns [T, heads, d]. Every row must
+    see at least one key.
     """
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
     k_full = k.repeat_interleave(group, dim=1)  # [T, heads, d]
     v_full = v.repeat_interleave(group, dim=1)  # [T, heads, d]
-    scores = torch.einsum("qhd,khd->hqk", q, k_full) / math.sqrt(d)  # [heads, T, T]
+    scores = torch.einsum("qhd,khd->hqk", q, k_full) / math.sqrt(d)  # [heads, T, S]
     scores = scores.masked_fill(~visible[None, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # [heads, T, T]
+    probs = torch.softmax(scores, dim=-1)  # [heads, T, S]
     return torch.einsum("hqk,khd->qhd", probs, v_full)  # [T, heads, d]
 
 
 class DenseLlama:
-    """Dense float64 Llama / Qwen2 / Qwen3 decoder on CPU, without a KV cache.
+    """Dense float64 Llama / Qwen2 / Qwen3 decoder, without a KV cache.
 
     `weights` uses Hugging Face tensor names (ddschema.weight_names); every
-    tensor is copied to float64 on CPU. Missing names raise KeyError.
+    tensor is held as float64 on `device` (the CPU, or a GPU: float64 there
+    too), a copy of the caller's tensor. Missing names raise KeyError.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Tensor]) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu") -> None:
         self.config = config
+        self.device = torch.device(device)
         missing = [n for n in weight_names(config) if n not in weights]
         if missing:
             raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
-        self.w = {name: weights[name].detach().to(device="cpu", dtype=DTYPE).clone()
-                  for name in weight_names(config)}
+        self.w = {name: _own_copy(weights[name].detach(), self.device) for name in weight_names(config)}
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
@@ -112,9 +114,10 @@ class DenseLlama:
         y = x @ self.w[name + ".weight"].T
         return y + self.w[name + ".bias"] if bias else y
 
-    def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor,
-                         visible: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """One layer's attention on the normed input x [T, hidden].
+    def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor,
+                         past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """One layer's attention on the normed input x [T, hidden]; `past`:
+        this layer's K, V [P, kv_heads, d] of the tokens before, visible [T, P+T].
 
         Returns (output [T, hidden], k [T, kv_heads, d] after RoPE, v [T, kv_heads, d]).
         """
@@ -128,7 +131,9 @@ class DenseLlama:
             q = rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
             k = rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attention(q, k, v, visible).reshape(t, c.num_heads * c.head_dim)  # [T, H*d]
+        k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
+        v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
+        out = attention(q, k_all, v_all, visible).reshape(t, c.num_heads * c.head_dim)  # [T, H*d]
         return self._linear(out, p + "o_proj", c.o_bias), k, v
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:
@@ -138,7 +143,8 @@ class DenseLlama:
         return self._linear(gate * self._linear(x, p + "up_proj"), p + "down_proj")
 
     def forward(self, token_ids: list[int], positions: list[int] | None = None,
-                visible: Tensor | None = None, last_logits_only: bool = False) -> ForwardResult:
+                visible: Tensor | None = None, last_logits_only: bool = False,
+                past: tuple[list[Tensor], list[Tensor]] | None = None) -> ForwardResult:
         """Run the whole sequence at once.
 
         token_ids: T ints in [0, vocab). positions: T RoPE positions, default
@@ -146,6 +152,11 @@ class DenseLlama:
         Returns ForwardResult(logits [T, V], hiddens, ks, vs); see its docstring.
         last_logits_only: the output projection for the last position alone
         (logits [1, V]): callers that read one row skip T - 1 rows of [hidden, V].
+        past: per layer K and V [P, kv_heads, d] of a causal forward over the
+        P tokens before these (this class's own ks, vs): the tokens then sit at
+        positions P..P+T-1, see every past key and each other causally, and
+        ks, vs hold only theirs. (Causal attention makes this equal to the
+        forward over all P + T tokens: the past's keys never see these.)
         """
         c = self.config
         t = len(token_ids)
@@ -154,7 +165,10 @@ class DenseLlama:
         ids = torch.tensor(list(token_ids), dtype=torch.long)  # [T]
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise ValueError(f"token ids must lie in [0, {c.vocab_size})")
-        pos = torch.arange(t) if positions is None else torch.tensor(list(positions))  # [T]
+        p = 0 if past is None else past[0][0].shape[0]
+        if past is not None and (positions is not None or visible is not None):
+            raise ValueError("a forward over a cached past is causal at positions P..P+T-1")
+        pos = torch.arange(p, p + t) if positions is None else torch.tensor(list(positions))  # [T]
         if pos.shape != (t,):
             raise ValueError("positions must have one entry per token")
         mask = causal_mask(t) if visible is None else visible.to(torch.bool)  # [T, T]
@@ -162,17 +176,19 @@ class DenseLlama:
             raise ValueError(f"visible must be [{t}, {t}], got {list(mask.shape)}")
         if not mask.any(dim=-1).all():
             raise ValueError("every row of visible must see at least one key")
+        mask = torch.cat([torch.ones(t, p, dtype=torch.bool), mask], dim=1).to(self.device)  # [T, P+T]
         cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)  # [T, d] each
+        cos, sin = cos.to(self.device), sin.to(self.device)
 
-        h = self.w["model.embed_tokens.weight"][ids]  # [T, hidden]
+        h = self.w["model.embed_tokens.weight"][ids.to(self.device)]  # [T, hidden]
         hiddens, ks, vs = [h], [], []
         for layer in range(c.num_layers):
-            p = f"model.layers.{layer}."
+            pre = f"model.layers.{layer}."
             attn_out, k, v = self._attention_block(
-                layer, rms_norm(h, self.w[p + "input_layernorm.weight"], c.rms_norm_eps),
-                cos, sin, mask)
+                layer, rms_norm(h, self.w[pre + "input_layernorm.weight"], c.rms_norm_eps),
+                cos, sin, mask, None if past is None else (past[0][layer], past[1][layer]))
             h = h + attn_out
-            h = h + self._mlp(layer, rms_norm(h, self.w[p + "post_attention_layernorm.weight"],
+            h = h + self._mlp(layer, rms_norm(h, self.w[pre + "post_attention_layernorm.weight"],
                                               c.rms_norm_eps))
             hiddens.append(h)
             ks.append(k)
@@ -184,3 +200,10 @@ class DenseLlama:
         return ForwardResult(logits, hiddens, ks, vs)
 
     __call__ = forward
+
+
+def _own_copy(t: Tensor, device: torch.device) -> Tensor:
+    """t as float64 on device, never sharing the caller's storage (a float64
+    tensor already there is cloned; anything else is converted, a copy anyway)."""
+    out = t.to(device=device, dtype=DTYPE)
+    return out.clone() if out.data_ptr() == t.data_ptr() else out

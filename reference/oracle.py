@@ -1,8 +1,12 @@
 """DenseOracle: the ddschema Oracle protocol answered by brute force.
 
-Every answer comes from a fresh, full, causal float64 forward of DenseLlama
-over an explicit token sequence. No KV cache, no tree mask, no shared work
-between nodes or steps: correctness by construction, speed not a goal.
+Every answer comes from a plain causal float64 forward of DenseLlama over an
+explicit token sequence: no tree mask, no paged cache, nothing from the
+engine. The only work shared is what causality makes identical
+(reference/prefix_cache.py): a committed prefix's K/V, computed once and
+extended, and one forward per leaf's root path, whose positions are the
+last positions of every ancestor's own path. Tests hold both equal to a
+fresh forward per node to 1e-12.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from ddschema.config import ModelConfig
 from reference.accept import ReferenceAcceptance, greedy_acceptance
 from reference.checkpoint import load_checkpoint
 from reference.model import DenseLlama
+from reference.prefix_cache import PrefixCache, extend
 from reference.tree import ReferenceTree, best_first_tree
 
 
@@ -32,6 +37,21 @@ def validate_tree(tokens: Sequence[int], parents: Sequence[int]) -> None:
             raise ValueError(f"parents[{i}] = {parents[i]} must satisfy 0 <= parent < {i}")
 
 
+def leaves(parents: Sequence[int]) -> list[int]:
+    """Nodes no other node names as its parent, in index order."""
+    inner = {int(p) for p in parents}
+    return [i for i in range(len(parents)) if i not in inner]
+
+
+def ancestry(parents: Sequence[int], node: int) -> list[int]:
+    """Node indices from the root down to `node`, both included."""
+    chain = []
+    while node != -1:
+        chain.append(node)
+        node = int(parents[node])
+    return chain[::-1]
+
+
 def root_path(tokens: Sequence[int], parents: Sequence[int], node: int) -> list[int]:
     """Tokens from the root down to `node`, both included."""
     path = []
@@ -42,18 +62,21 @@ def root_path(tokens: Sequence[int], parents: Sequence[int], node: int) -> list[
 
 
 class DenseOracle:
-    """ddschema.Oracle over a DenseLlama. All outputs are float64 on CPU."""
+    """ddschema.Oracle over a DenseLlama computing on `device` (float64 there
+    too). All outputs are float64 on CPU."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Tensor]) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu") -> None:
         self.config = config
-        self.model = DenseLlama(config, weights)
+        self.model = DenseLlama(config, weights, device)
+        self.prefixes = PrefixCache()
 
     @classmethod
-    def from_checkpoint(cls, directory, **options) -> "DenseOracle":
+    def from_checkpoint(cls, directory, device: str = "cpu", **options) -> "DenseOracle":
         """The oracle over its own reading of a checkpoint directory
-        (reference/checkpoint.py); raises CheckpointRefused (a ValueError)."""
-        config, weights = load_checkpoint(directory)
-        return cls(config, weights, **options)
+        (reference/checkpoint.py), its tensors read straight to `device`;
+        raises CheckpointRefused (a ValueError)."""
+        config, weights = load_checkpoint(directory, device)
+        return cls(config, weights, device, **options)
 
     def weight(self, name: str) -> Tensor:
         """The float64 tensor the oracle computes with under `name` (for a
@@ -71,16 +94,26 @@ class DenseOracle:
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> Tensor:
         """Logits [n, V] float64: row i is the last position of a causal
-        forward over prefix + root_path(node i). One forward per node."""
+        forward over prefix + root_path(node i). Computed as one forward per
+        leaf over the prefix's cached K/V: node i's row is the position of
+        node i in the path of the first leaf below it (causality: that
+        position sees exactly prefix + root_path(i))."""
         validate_tree(tokens, parents)
-        rows = []
-        for node in range(len(tokens)):
-            sequence = list(prefix) + root_path(tokens, parents, node)
-            rows.append(self.model.forward(sequence, last_logits_only=True).logits[-1])  # [V]
-        return torch.stack(rows)  # [n, V]
+        if len(prefix) == 0:
+            raise ValueError("tree_logits needs a non-empty prefix")
+        cached = self.prefixes.get(self.model, prefix)
+        rows: list[Tensor | None] = [None] * len(tokens)
+        for leaf in leaves(parents):
+            chain = ancestry(parents, leaf)  # root .. leaf
+            logits = self.model.forward([int(tokens[i]) for i in chain], past=cached.past).logits  # [len, V]
+            for position, node in enumerate(chain):
+                if rows[node] is None:
+                    rows[node] = logits[position]
+        return torch.stack(rows).cpu()  # [n, V]
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-        """Argmax continuation recomputing the whole sequence each step.
+        """Argmax continuation, one causal position at a time over the
+        sequence's cached K/V (each step extends the last).
 
         Returns (new tokens, gaps) with gaps[t] = top-1 minus top-2 logit at
         step t (>= 0; ties go to the lowest token id, as torch.argmax does).
@@ -90,24 +123,27 @@ class DenseOracle:
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         sequence, emitted, gaps = list(prompt), [], []
+        cached = self.prefixes.get(self.model, sequence[:-1])
         for _ in range(max_new_tokens):
-            last = self.model.forward(sequence, last_logits_only=True).logits[-1]  # [V]
+            cached, last = extend(self.model, cached, sequence[len(cached.tokens):])
+            last = last.cpu()  # [V]
             token = int(torch.argmax(last))
             gaps.append(top_gap(last))
             emitted.append(token)
             sequence.append(token)
+        self.prefixes.put(cached)
         return emitted, gaps
 
     def path_hidden(self, tokens: Sequence[int]) -> list[Tensor]:
         """Residual stream at the last position after the embedding and after
         each layer: num_layers + 1 tensors [hidden] float64."""
         hiddens = self.model.forward(list(tokens)).hiddens
-        return [h[-1].clone() for h in hiddens]
+        return [h[-1].cpu().clone() for h in hiddens]
 
     def path_kv(self, tokens: Sequence[int]) -> tuple[list[Tensor], list[Tensor]]:
         """Per layer K (after RoPE) and V [len(tokens), kv_heads, head_dim]."""
         result = self.model.forward(list(tokens))
-        return list(result.ks), list(result.vs)
+        return [k.cpu() for k in result.ks], [v.cpu() for v in result.vs]
 
 
 def top_gap(logits: Tensor) -> float:
