@@ -19,10 +19,12 @@ class Oracle(Protocol):
     config: ModelConfig  # the oracle's own reading of the model
 
     @classmethod
-    def from_checkpoint(cls, directory, **options) -> "Oracle":
+    def from_checkpoint(cls, directory, device: str = "cpu", **options) -> "Oracle":
         """The oracle over its OWN reading of a Hugging Face checkpoint
         directory (config.json + *.safetensors): the harness never hands it
-        parsed weights in a run. Raises ValueError for a checkpoint it refuses."""
+        parsed weights in a run. `device`: where it computes (float64 there;
+        its outputs are on the CPU all the same). Raises ValueError for a
+        checkpoint it refuses."""
 
     def weight(self, name: str) -> torch.Tensor:
         """The tensor it computes with under a Hugging Face name (float64;

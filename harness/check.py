@@ -19,9 +19,11 @@ from harness.load_agreement import LoadMismatch, compare_loaded
 from harness.load_agreement import explain as explain_load
 from harness.model.presets import PRESETS, ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
+from harness.oracle_placement import choose_oracle_device
 from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
+from harness.runner.prompt_sources import prompts_of
 from harness.step_clock import StepClock, machine_cores, oracle_threads
 from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
 
@@ -74,6 +76,10 @@ class CheckSummary:
     stopped_early: bool = False      # the run ended after --stop-after divergent steps
     engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
     oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
+    oracle_device: str | None = None        # where the float64 oracle computed
+    prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
+    prefix_len_max: int = 0
+    key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
 
     @property
     def passed(self) -> bool:
@@ -94,6 +100,7 @@ class Prepared:
     prompt_ids: list[list[int]]
     port: PortRun | None = None
     load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
+    oracle_device: str = "cpu"   # where the float64 oracle computes
 
     @property
     def tolerance(self) -> float:
@@ -107,14 +114,14 @@ class Prepared:
 
 def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
-    the given ones, else the case file's the settings name (`--case`), else the seed's."""
+    the given ones, else the settings' (harness/runner/prompt_sources.py)."""
     if prompts is None:
-        from harness.cases import load_case
-        prompts = load_case(s.case).prompts if s.case else DEFAULT_PROMPTS
+        prompts = prompts_of(s)
     with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
         cfg, weights = load_checkpoint(directory)
         check_finite_weights(weights, s.model)
-        oracle = load_oracle_from(directory, s.model)
+        oracle_device = choose_oracle_device(s, weights)
+        oracle = load_oracle_from(directory, s.model, oracle_device)
     load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
@@ -129,7 +136,8 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
                              f"(vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port)
+    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
+                    oracle_device=oracle_device)
 
 
 def check_finite_weights(weights: dict, model: str) -> None:
@@ -139,11 +147,11 @@ def check_finite_weights(weights: dict, model: str) -> None:
             raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
 
 
-def load_oracle_from(directory, model: str):
-    """The registered oracle over its own reading of the checkpoint; a
-    checkpoint it refuses is a usage error."""
+def load_oracle_from(directory, model: str, device: str = "cpu"):
+    """The registered oracle over its own reading of the checkpoint, computing
+    on `device`; a checkpoint it refuses is a usage error."""
     try:
-        return load_oracle_class().from_checkpoint(directory)
+        return load_oracle_class().from_checkpoint(directory, device=device)
     except ValueError as e:
         raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None
 
@@ -154,14 +162,14 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     tol = p.tolerance
     writer.begin_run()
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
-                           port=p.port.describe() if p.port else None)
+                           port=p.port.describe() if p.port else None, oracle_device=p.oracle_device)
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
         return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
     tally = AcceptanceTally()
     clock = StepClock()
     # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
-    threads = torch.get_num_threads() if s.model in PRESETS else machine_cores()
+    threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
     for result in clock.timed(p.engine.rounds()):
         summary.steps += 1
         ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
@@ -172,6 +180,7 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
                 _cross_check_acceptance(rs, s.accept, summary, writer)
                 _check_against_reference(p, rs, ref, summary, writer)
                 tally.add(rs.tree, rs.acceptance)
+                _note_prefix(summary, len(rs.prefix))
         _check_batch_padding(p, result.step, summary)
         _check_provenance(result.provenance, result.requests, summary, writer)
         if p.port is not None:
@@ -185,6 +194,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
                                  f"{s.stop_after}); streams compared over the tokens emitted")
             break
     summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    tiles = getattr(p.engine.backend, "key_tiles", None)
+    summary.key_tiles = tiles(summary.prefix_len_max, p.engine.cfg.head_dim) if tiles and summary.steps else None
     summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
     if not summary.stopped_early:   # an unfinished engine has no finish findings
         _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
@@ -195,6 +206,11 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         _localize(p, summary, writer)
     writer.write(summary_record(s, summary))
     return summary
+
+
+def _note_prefix(summary: CheckSummary, n: int) -> None:
+    summary.prefix_len_min = min(summary.prefix_len_min or n, n)
+    summary.prefix_len_max = max(summary.prefix_len_max, n)
 
 
 def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:

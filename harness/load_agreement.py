@@ -48,16 +48,17 @@ def effective_weight(cfg: ModelConfig, weights: dict[str, torch.Tensor], name: s
 
 def compare_weights(engine_cfg: ModelConfig, engine_weights: dict[str, torch.Tensor],
                     oracle) -> list[LoadMismatch]:
-    """Every tensor the oracle computes with against the engine's. The engine
-    keeps float32 master weights, so the oracle's float64 tensor is rounded to
-    float32 first: exact for bf16, fp16 and fp32 checkpoints."""
+    """Every tensor the oracle computes with against the engine's, on the
+    oracle's device. The engine keeps the checkpoint's dtype (float64 files
+    as float32), so the oracle's float64 tensor is rounded to float32 first:
+    exact for bf16, fp16 and fp32 checkpoints."""
     names = list(dict.fromkeys(weight_names(oracle.config) + ["lm_head.weight"]))
     names += [n for n in weight_names(engine_cfg) if n not in names]  # tensors only the engine uses
     out = []
     for name in names:
         got = effective_weight(engine_cfg, engine_weights, name)
         try:
-            ref = oracle.weight(name).detach().cpu().float().double()  # [shape] oracle's, float32-rounded
+            ref = oracle.weight(name).detach().float().double()  # [shape] oracle's, float32-rounded
         except KeyError:
             ref = None
         mismatch = _tensor_mismatch(name, got, ref)
@@ -77,7 +78,7 @@ def _tensor_mismatch(name: str, got: torch.Tensor | None, ref: torch.Tensor | No
     if tuple(got.shape) != tuple(ref.shape):
         return LoadMismatch("weights", name, str(list(got.shape)), str(list(ref.shape)),
                             f"tensor {name}: shape {list(got.shape)} in the engine, {list(ref.shape)} in the oracle")
-    diff = (got.detach().cpu().double() - ref).abs()  # [shape]
+    diff = (got.detach().to(ref.device).double() - ref).abs()  # [shape]
     if not bool((diff > 0).any()) and bool(torch.isfinite(got).all()):
         return None
     count, scale = int((diff != 0).sum()), float(ref.abs().max()) if ref.numel() else 0.0

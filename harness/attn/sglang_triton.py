@@ -88,6 +88,17 @@ class SGLangTritonBackend:
         """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)."""
         return "tf32" if dtype == "float32" and not self.interpret else dtype
 
+    def key_tiles(self, prefix_len: int, head_dim: int) -> int | None:
+        """Prefix key tiles one query block walks: ceil(prefix / BLOCK_N), with
+        BLOCK_N as SGLang's own block-size rule picks it on this GPU (None
+        where the rule needs a GPU it cannot see, as under the interpreter)."""
+        try:
+            module = importlib.import_module(self._fwd.__module__)
+            block_n = module._get_block_sizes_for_extend_attention(head_dim, head_dim)[4]
+        except Exception:  # noqa: BLE001  (a figure for the summary, never a verdict)
+            return None
+        return -(-prefix_len // block_n)
+
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
         cd = self.compute_dtype
         q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()

@@ -16,6 +16,7 @@ from harness.ports.attach import SettingSkipped
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
+from harness.runner.prompt_sources import parse_prompt_lens
 from harness.runner.settings import RunSettings
 
 
@@ -54,6 +55,11 @@ def run(
     stop_after: int = typer.Option(2, help="end the run after this many divergent verify steps (0: run to the end)"),
     case: Optional[Path] = typer.Option(None, help="take the prompts of this case file (the reproduce commands of "
                                         "a gate or a sweep --case name it)"),
+    prompt_len: Optional[str] = typer.Option(None, help="prompts of these lengths, drawn from the seed: 600 or 520,900"),
+    prompt_file: Optional[Path] = typer.Option(None, help="prompts as JSON token ids ([..] or [[..], [..]]), or a text "
+                                               "file tokenized by the checkpoint's tokenizer.json"),
+    oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
+                                      "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -63,7 +69,9 @@ def run(
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
-                        kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None)
+                        kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
+                        prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
+                        oracle_device=oracle_device)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
@@ -121,9 +129,13 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("padding rows seen", str(summary.padding_rows))
     t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))
+    if summary.prefix_len_max:
+        tiles = f"; the kernel walks {summary.key_tiles} key tiles of the longest" if summary.key_tiles else ""
+        t.add_row("prefix length", f"{summary.prefix_len_min} to {summary.prefix_len_max} tokens{tiles}")
     if summary.engine_s_per_step is not None:
         t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
-                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms")
+                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on "
+                                   f"{summary.oracle_device})")
     if summary.stopped_early:
         t.add_row("stopped early", f"after {summary.divergent_steps} divergent steps (--stop-after)")
     if summary.mean_accepted_length is not None:

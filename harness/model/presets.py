@@ -102,7 +102,9 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         n = wrong[0]
         raise ModelLoadError(f"--model {path}: {n} has shape {list(weights[n].shape)}, config.json implies "
                              f"{list(weight_shape(cfg, n))} (and {len(wrong) - 1} more mismatches)")
-    return cfg, {n: weights[n].float() for n in weight_names(cfg)}
+    # the file's dtype (an 8B bf16 checkpoint stays 16 GB on the host); float64 files as float32
+    return cfg, {n: weights[n].float() if weights[n].dtype == torch.float64 else weights[n]
+                 for n in weight_names(cfg)}
 
 
 def write_checkpoint(directory: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:

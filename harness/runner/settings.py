@@ -36,6 +36,9 @@ class RunSettings:
     kv_poison: bool = True          # free KV slots hold NaN (the provenance canary's poison)
     eos_id: int | None = None       # end-of-sequence token: a stream stops there (on both sides)
     stop_after: int = 2             # end the run after this many divergent verify steps (0: never)
+    oracle_device: str = "auto"     # where the float64 oracle computes (harness/oracle_placement.py)
+    prompt_lens: tuple[int, ...] | None = None  # prompts of these lengths drawn from the seed (--prompt-len)
+    prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -49,7 +52,11 @@ class RunSettings:
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
                   (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
                   (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}"),
-                  (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}")]
+                  (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}"),
+                  (sum(x is not None for x in (self.case, self.prompt_file, self.prompt_lens)) <= 1,
+                   "--case, --prompt-file and --prompt-len each choose the prompts: give one"),
+                  (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
+                   f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -88,9 +95,20 @@ class RunSettings:
             parts.append(f"--eos-id {self.eos_id}")
         if self.stop_after != 2:
             parts.append(f"--stop-after {self.stop_after}")
+        if self.oracle_device != "auto":
+            parts.append(f"--oracle-device {self.oracle_device}")
         if self.case:
             parts.append(f"--case {shlex.quote(self.case)}")
+        if self.prompt_file:
+            parts.append(f"--prompt-file {shlex.quote(self.prompt_file)}")
+        if self.prompt_lens:
+            parts.append(f"--prompt-len {','.join(map(str, self.prompt_lens))}")
         return " ".join(parts)
+
+
+def _is_cuda_index(device: str) -> bool:
+    head, _, index = device.partition(":")
+    return head == "cuda" and index.isdigit()
 
 
 @dataclass(frozen=True)
