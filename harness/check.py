@@ -12,6 +12,8 @@ import torch
 from harness.attn import make_backend
 from harness.compare.acceptance_stats import AcceptanceTally
 from harness.compare.metrics import compare_node
+from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
+from harness.runner.causal_twin import CausalTwin
 from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
@@ -60,6 +62,11 @@ class CheckSummary:
     mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
     acceptance_by_depth: list[float] = field(default_factory=list)  # [depth - 1] P(walk reaches depth | offered)
     max_rel_err: float = 0.0
+    verdict_rule: str = "fixed"      # fixed (the dtype's table) | noise-floor (each node against its twin)
+    noise_rule: dict | None = None   # multiplier, floor, ceiling of the noise-floor rule
+    max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, floor) over judged nodes
+    max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model
+    max_node_bound: float = 0.0            # largest tolerance a node was judged at
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
     first: FirstDivergence | None = None
@@ -101,12 +108,22 @@ class Prepared:
     port: PortRun | None = None
     load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
     oracle_device: str = "cpu"   # where the float64 oracle computes
+    twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
+
+    @property
+    def rule(self) -> NoiseFloorRule | None:
+        """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
+        s = self.settings
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None)
 
     @property
     def tolerance(self) -> float:
         """Relative logit tolerance for this run: the settings' own if given,
-        else by dtype and by what the backend multiplies in (TF32 for SGLang's
-        kernel on CUDA in float32)."""
+        the noise-floor rule's ceiling when it judges, else by dtype and by
+        what the backend multiplies in (TF32 for SGLang's kernel on CUDA in
+        float32)."""
+        if self.rule is not None:
+            return self.rule.ceiling
         if self.settings.tolerance is not None:
             return self.settings.tolerance
         return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
@@ -136,8 +153,11 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
                              f"(vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
+    twin = None
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+        twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
-                    oracle_device=oracle_device)
+                    oracle_device=oracle_device, twin=twin)
 
 
 def check_finite_weights(weights: dict, model: str) -> None:
@@ -163,6 +183,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     writer.begin_run()
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
                            port=p.port.describe() if p.port else None, oracle_device=p.oracle_device)
+    if p.rule is not None:
+        summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
         return _load_divergence(p, summary, writer)
     ignored_prefix_keys = 0
@@ -176,7 +198,7 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         divergent_before = summary.divergent_nodes
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
-                ref = _check_request_step(rs, p.oracle, tol, summary, writer)
+                ref = _check_request_step(rs, p, summary, writer)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
                 _check_against_reference(p, rs, ref, summary, writer)
                 tally.add(rs.tree, rs.acceptance)
@@ -233,12 +255,13 @@ def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
-def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSummary,
-                        writer: RecordWriter) -> torch.Tensor:
+def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter) -> torch.Tensor:
     """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
-    ref = oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
+    ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
+    rule = p.rule
+    twin = p.twin.tree_logits(rs.prefix, tree) if rule is not None else None  # [num_rows, vocab] float32
     accepted = set(rs.acceptance.rows)
     for row in range(tree.q_len):
         padding = row >= tree.num_rows
@@ -253,6 +276,14 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
                                     None, finite, "padding" if finite else "diverge", summary.setting))
             continue
         m = compare_node(rs.logits[row], ref[row])
+        twin_err = ratio = None
+        tol = p.tolerance
+        if rule is not None:
+            twin_err = compare_node(twin[row], ref[row]).rel_err
+            tol, ratio = rule.bound(twin_err), rule.ratio(m.rel_err, twin_err)
+            summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
+            summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
+        summary.max_node_bound = max(summary.max_node_bound, tol)
         verdict = m.verdict(tol)
         summary.nodes_checked += 1
         summary.max_rel_err = max(summary.max_rel_err, m.rel_err)
@@ -264,7 +295,7 @@ def _check_request_step(rs: RequestStep, oracle, tol: float, summary: CheckSumma
                 summary.first = FirstDivergence(rs.step, rs.rid, row, tree.depths[row], tree.num_padding > 0, m.rel_err)
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
-                                verdict, summary.setting))
+                                verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio))
     return ref
 
 
@@ -276,7 +307,8 @@ def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, su
     verdicts = []
     if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
         verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
-    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, p.tolerance, summary.setting)))
+    tol = summary.max_node_bound if p.rule is not None else p.tolerance  # the nodes' own scale, not the ceiling
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting)))
     for what, v in verdicts:
         if v is None:
             continue
@@ -372,7 +404,7 @@ def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> 
 def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     n = p.settings.max_new_tokens   # a run stopped early (--stop-after) compares what it emitted
     # an engine within tol * scale of the oracle can flip a choice whose gap is below twice that
-    tie = 2 * p.tolerance * max(summary.max_ref_scale, 1.0)
+    tie = 2 * max(summary.max_node_bound, p.tolerance if p.rule is None else 0.0) * max(summary.max_ref_scale, 1.0)
     for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
         got = r.emitted[:n]
         ref, gaps = p.oracle.greedy(ids, len(got) if summary.stopped_early else n)

@@ -31,6 +31,8 @@ class NodeRecord:
     verdict: str
     setting: str = ""
     kind: str = "node"
+    twin_err: float | None = None     # the node's correct low-precision twin against the oracle (noise-floor verdict)
+    noise_ratio: float | None = None  # rel_err / max(twin_err, floor)
 
 
 @dataclass(frozen=True)

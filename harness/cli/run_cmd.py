@@ -58,6 +58,8 @@ def run(
     prompt_len: Optional[str] = typer.Option(None, help="prompts of these lengths, drawn from the seed: 600 or 520,900"),
     prompt_file: Optional[Path] = typer.Option(None, help="prompts as JSON token ids ([..] or [[..], [..]]), or a text "
                                                "file tokenized by the checkpoint's tokenizer.json"),
+    verdict: str = typer.Option("auto", help="how nodes are judged: fixed (the dtype's tolerance), noise-floor (each "
+                                "node against its correct low-precision twin), auto (noise-floor for bf16/fp16)"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
 ) -> None:
@@ -71,7 +73,7 @@ def run(
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
-                        oracle_device=oracle_device)
+                        oracle_device=oracle_device, verdict=verdict)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
@@ -127,7 +129,13 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("divergent nodes", str(summary.divergent_nodes))
     t.add_row("near ties", str(summary.near_ties))
     t.add_row("padding rows seen", str(summary.padding_rows))
-    t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
+    if summary.verdict_rule == "noise-floor":
+        r = summary.noise_rule
+        t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
+        t.add_row("noise ratio", f"max {summary.max_noise_ratio or 0:.2f} (diverge above {r['multiplier']:g} x "
+                                 f"max(twin, {r['floor']:.1e}), or above {r['ceiling']:g})")
+    else:
+        t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))
     if summary.prefix_len_max:
         tiles = f"; the kernel walks {summary.key_tiles} key tiles of the longest" if summary.key_tiles else ""

@@ -22,6 +22,12 @@ PRESETS: dict[str, ModelConfig] = {
                               num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True),
     "tiny-qwen2": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                               num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True),
+    # real models' layouts cut to 2 layers and a small vocabulary (Llama-3.2-1B: hidden 2048, 32 query and
+    # 8 KV heads of 64; Llama-3.1-8B: hidden 4096, 32 and 8 heads of 128); minutes on CPU, not for CI loops
+    "llama-1b-cut": ModelConfig(vocab_size=1024, hidden_size=2048, intermediate_size=8192, num_layers=2,
+                                num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0),
+    "llama-8b-cut": ModelConfig(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_layers=2,
+                                num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0),
 }
 
 

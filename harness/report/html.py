@@ -170,10 +170,24 @@ def _facts(v: SettingView) -> str:
              if "tree_mismatches" in m else None),
             ("load mismatches", m.get("load_mismatches") or None),
             ("max rel. error", f"{err:.2e}" if isinstance(err, (int, float)) else err),
-            ("tolerance", f"{v.tolerance:.0e}" if v.tolerance else "n/a"), ("records", v.source)]
+            ("tolerance", f"{v.tolerance:.0e}" if v.tolerance else "n/a"),
+            ("verdict rule", _noise_rule(m)),
+            ("max noise ratio (engine / twin error)", _fmt(m.get("max_noise_ratio"), ".2f")),
+            ("max twin error", _fmt(m.get("max_twin_err"), ".2e")),
+            ("oracle time per step", _fmt(m.get("oracle_s_per_step"), ".3f")),
+            ("engine time per step", _fmt(m.get("engine_s_per_step"), ".3f")),
+            ("oracle device", m.get("oracle_device")), ("records", v.source)]
     rows += [("note", n) for n in m.get("notes") or []]
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(x)}</td></tr>" for k, x in rows if x is not None)
     return f'<table class="facts">{body}</table>'
+
+
+def _noise_rule(m: dict) -> str | None:
+    r = m.get("noise_rule")
+    if m.get("verdict_rule") != "noise-floor" or not r:
+        return None
+    return (f"noise floor: diverge above {r['multiplier']:g} x max(twin error, {r['floor']:.1e}) "
+            f"or above {r['ceiling']:g}")
 
 
 def _localize(v: SettingView) -> str:

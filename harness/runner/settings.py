@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from harness.compare.noise_floor import NOISE_FLOOR, VERDICTS
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -39,6 +41,7 @@ class RunSettings:
     oracle_device: str = "auto"     # where the float64 oracle computes (harness/oracle_placement.py)
     prompt_lens: tuple[int, ...] | None = None  # prompts of these lengths drawn from the seed (--prompt-len)
     prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
+    verdict: str = "auto"           # fixed | noise-floor | auto (harness/compare/noise_floor.py)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -55,6 +58,9 @@ class RunSettings:
                   (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}"),
                   (sum(x is not None for x in (self.case, self.prompt_file, self.prompt_lens)) <= 1,
                    "--case, --prompt-file and --prompt-len each choose the prompts: give one"),
+                  (self.verdict in VERDICTS, f"--verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}"),
+                  (self.verdict != "noise-floor" or self.dtype in NOISE_FLOOR,
+                   f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
                    f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
         for ok, msg in checks:
@@ -95,6 +101,8 @@ class RunSettings:
             parts.append(f"--eos-id {self.eos_id}")
         if self.stop_after != 2:
             parts.append(f"--stop-after {self.stop_after}")
+        if self.verdict != "auto":
+            parts.append(f"--verdict {self.verdict}")
         if self.oracle_device != "auto":
             parts.append(f"--oracle-device {self.oracle_device}")
         if self.case:

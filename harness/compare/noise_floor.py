@@ -1,0 +1,68 @@
+"""The noise-floor verdict for low-precision runs.
+
+A fixed tolerance cannot serve every model: in bf16 a correct engine's
+per-node error grows with depth, width and prefix length (issue figures: up
+to 7.5e-2 on an 8B shape against the fixed 4e-2), while a leak of one key
+into one row can stay below it (2.4e-2 on the tiny preset at a long prefix).
+So each node is judged against its own correct low-precision twin (the same
+model, dtype and backend without a tree: harness/runner/causal_twin.py):
+
+    diverge  iff  e_engine > multiplier * max(e_twin, floor)  or  e_engine > ceiling
+
+with e = max |logits - oracle| / max |oracle| (compare/metrics.py).
+
+multiplier 1.75: over about 2300 nodes of correct bf16 runs on 1B- and
+8B-shaped checkpoints on an H200 the ratio e_engine / e_twin was at most
+1.38, and every row that saw one leaked key had a ratio of at least 2.1
+(issue figures; benchmarks/results/noise-floor-h200.json re-measures both).
+1.75 sits between them, 1.27x above the largest correct ratio.
+floor: the twin can land closer to the oracle than its dtype's rounding of
+the logits themselves by luck; below about one unit in the last place of the
+largest logit (bf16 2^-8 = 3.9e-3, fp16 2^-11 = 4.9e-4) its error says
+nothing about the node's scale.
+ceiling: an error no correct computation in that dtype reaches whatever the
+twin says (a twin broken the same way as the engine cannot excuse it);
+bf16 0.25 and fp16 0.05, about 3x and 18x the largest errors measured on
+correct runs (7.5e-2 bf16 8B shape, 2.7e-3 fp16), and under the smallest
+padded-kv-visible error measured (0.52).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NoiseFloorRule:
+    multiplier: float
+    floor: float
+    ceiling: float
+
+    def __post_init__(self) -> None:
+        if not (self.multiplier >= 1.0 and 0.0 < self.floor < self.ceiling < 1.0):
+            raise ValueError("a noise-floor rule needs multiplier >= 1 and 0 < floor < ceiling < 1")
+
+    def bound(self, e_twin: float) -> float:
+        """The largest engine error this node may have."""
+        return min(self.multiplier * max(e_twin, self.floor), self.ceiling)
+
+    def ratio(self, e_engine: float, e_twin: float) -> float:
+        """e_engine / max(e_twin, floor): the node's error in units of its noise."""
+        return e_engine / max(e_twin, self.floor)
+
+
+NOISE_FLOOR = {
+    "bfloat16": NoiseFloorRule(multiplier=1.75, floor=2 ** -8, ceiling=0.25),
+    "float16": NoiseFloorRule(multiplier=1.75, floor=2 ** -11, ceiling=0.05),
+}
+VERDICTS = ("auto", "fixed", "noise-floor")
+
+
+def verdict_rule(dtype: str, verdict: str, tolerance_given: bool) -> NoiseFloorRule | None:
+    """The noise-floor rule a run is judged by, or None for the fixed table.
+    auto: noise-floor for bf16 and fp16 unless a tolerance was given."""
+    if verdict == "fixed" or (verdict == "auto" and (tolerance_given or dtype not in NOISE_FLOOR)):
+        return None
+    if dtype not in NOISE_FLOOR:
+        raise ValueError(f"--verdict noise-floor is for bfloat16 and float16 runs; {dtype} is judged by the "
+                         "fixed table")
+    return NOISE_FLOOR[dtype]

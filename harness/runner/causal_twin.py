@@ -1,0 +1,64 @@
+"""A node's correct low-precision twin: what the same model, weights, dtype
+and attention backend compute for the node without a tree.
+
+For node i that is the last position of a plain causal extend over
+prefix + root_path(i): no tree mask, no verify metadata, no padding rows, a
+scratch KV pool of its own. Its distance from the float64 oracle is the
+noise a correct low-precision computation of that node has; the noise-floor
+verdict (harness/compare/noise_floor.py) judges the engine's node against it.
+
+As in the oracle, causality is used and nothing else: the prefix is extended
+once per step, then one extend per leaf's root path gives every node on it.
+The twin is the engine's own model code on the causal path: a bug shared by
+that path (a RoPE or loader error) moves both and is left to the ceiling and
+to the fixed float32 runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from harness.attn.base import AttentionBackend
+from harness.ddtree.tree import DraftTree
+from harness.ddtree.verify_inputs import AttnMetadata, prefill_metadata
+from harness.mem.pool import KVPool
+from harness.model.llama import LlamaModel
+
+FIRST_SLOT = 1  # slot 0 stays the pool's padding slot, as in the engine's pool
+
+
+class CausalTwin:
+    def __init__(self, model: LlamaModel, backend: AttentionBackend, device: str, max_context: int) -> None:
+        self.model, self.backend, self.device = model, backend, device
+        self.pool = KVPool(model.cfg, FIRST_SLOT + max_context + 1, model.dtype, device)
+
+    def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
+        """Twin logits [num_rows, vocab] float32 on CPU, row i for tree node i."""
+        p = len(prefix)
+        self._forward(list(prefix), prefill_metadata([p], self._slots(0, p)), start=0)  # prefix K/V, causal
+        rows: list[torch.Tensor | None] = [None] * tree.num_rows
+        for leaf in _leaves(tree):
+            chain = list(tree.ancestors(leaf))  # root .. leaf
+            n = len(chain)
+            meta = AttnMetadata(
+                qo_indptr=torch.tensor([0, n], device=self.device),
+                kv_indptr=torch.tensor([0, p], device=self.device),
+                kv_indices=self._slots(0, p), out_cache_loc=self._slots(p, n),
+                custom_mask=None, mask_indptr=None, max_len_extend=n)
+            logits = self._forward([tree.tokens[i] for i in chain], meta, start=p)  # [n, vocab]
+            for position, node in enumerate(chain):
+                if rows[node] is None:
+                    rows[node] = logits[position]
+        return torch.stack(rows)
+
+    def _slots(self, start: int, n: int) -> torch.Tensor:
+        return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=self.device)
+
+    def _forward(self, ids: list[int], meta: AttnMetadata, start: int) -> torch.Tensor:
+        positions = torch.arange(start, start + len(ids), device=self.device)
+        tokens = torch.tensor(ids, device=self.device)
+        return self.model.forward(tokens, positions, meta, self.pool, self.backend).float().cpu()
+
+
+def _leaves(tree: DraftTree) -> list[int]:
+    parents = {int(x) for x in tree.parents[1:tree.num_rows]}
+    return [i for i in range(tree.num_rows) if i not in parents]
