@@ -140,6 +140,9 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
         oracle_device = choose_oracle_device(s, weights)
         oracle = load_oracle_from(directory, s.model, oracle_device)
     load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+    if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
+        from harness.attn.sglang_triton import float32_dots
+        float32_dots(s.tf32)
     backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "

@@ -59,6 +59,14 @@ def _import_kernel():
     raise BackendUnavailable(f"SGLang's extend_attention kernel does not import ({errors[0]}); {INSTALL_HINT}")
 
 
+def float32_dots(tf32: bool) -> str:
+    """How Triton multiplies float32 tl.dot from now on in this process: IEEE
+    float32 unless TF32 is asked for (Triton reads TRITON_F32_DEFAULT when a
+    kernel compiles, so this runs before the run's first kernel)."""
+    os.environ["TRITON_F32_DEFAULT"] = "tf32" if tf32 else "ieee"
+    return os.environ["TRITON_F32_DEFAULT"]
+
+
 def available() -> bool:
     try:
         _import_kernel()
@@ -85,8 +93,10 @@ class SGLangTritonBackend:
         self.compute_dtype = torch.float32 if self.interpret else dtype
 
     def precision(self, dtype: str) -> str:
-        """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)."""
-        return "tf32" if dtype == "float32" and not self.interpret else dtype
+        """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)
+        unless TRITON_F32_DEFAULT=ieee was set before it compiled (float32_dots)."""
+        ieee = os.environ.get("TRITON_F32_DEFAULT") == "ieee"
+        return "tf32" if dtype == "float32" and not self.interpret and not ieee else dtype
 
     def key_tiles(self, prefix_len: int, head_dim: int) -> int | None:
         """Prefix key tiles one query block walks: ceil(prefix / BLOCK_N), with

@@ -60,6 +60,8 @@ def run(
                                                "file tokenized by the checkpoint's tokenizer.json"),
     verdict: str = typer.Option("auto", help="how nodes are judged: fixed (the dtype's tolerance), noise-floor (each "
                                 "node against its correct low-precision twin), auto (noise-floor for bf16/fp16)"),
+    tf32: bool = typer.Option(False, help="float32 on CUDA: let Triton's dots run in TF32 (default: IEEE float32, "
+                              "judged at the float32 tolerance; with --tf32 at the labelled tf32 one)"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
 ) -> None:
@@ -73,7 +75,7 @@ def run(
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
-                        oracle_device=oracle_device, verdict=verdict)
+                        oracle_device=oracle_device, verdict=verdict, tf32=tf32)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

@@ -42,6 +42,7 @@ class RunSettings:
     prompt_lens: tuple[int, ...] | None = None  # prompts of these lengths drawn from the seed (--prompt-len)
     prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
     verdict: str = "auto"           # fixed | noise-floor | auto (harness/compare/noise_floor.py)
+    tf32: bool = False              # float32 on CUDA: let Triton's dots use TF32 (judged at the tf32 tolerance)
 
     def __post_init__(self) -> None:
         checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
@@ -58,6 +59,7 @@ class RunSettings:
                   (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}"),
                   (sum(x is not None for x in (self.case, self.prompt_file, self.prompt_lens)) <= 1,
                    "--case, --prompt-file and --prompt-len each choose the prompts: give one"),
+                  (not self.tf32 or self.dtype == "float32", "--tf32 only changes float32 runs"),
                   (self.verdict in VERDICTS, f"--verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}"),
                   (self.verdict != "noise-floor" or self.dtype in NOISE_FLOOR,
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
@@ -101,6 +103,8 @@ class RunSettings:
             parts.append(f"--eos-id {self.eos_id}")
         if self.stop_after != 2:
             parts.append(f"--stop-after {self.stop_after}")
+        if self.tf32:
+            parts.append("--tf32")
         if self.verdict != "auto":
             parts.append(f"--verdict {self.verdict}")
         if self.oracle_device != "auto":

@@ -78,3 +78,19 @@ def test_one_leaked_padding_key_missed_by_the_fixed_table_is_caught():
     assert noise.divergent_nodes > 0 and noise.max_noise_ratio > NOISE_FLOOR["bfloat16"].multiplier
     clean, _ = run(dtype="bfloat16", prompt_lens=(200,))
     assert clean.passed
+
+
+def test_float32_on_cuda_is_ieee_unless_tf32_is_asked_for(monkeypatch):
+    """The CPU twin of the CUDA path: the backend's declared precision follows
+    TRITON_F32_DEFAULT, which float32_dots sets before any kernel compiles."""
+    from harness.attn.sglang_triton import SGLangTritonBackend, float32_dots
+    from harness.compare.tolerance import matmul_precision, rel_tolerance
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    native = SGLangTritonBackend.__new__(SGLangTritonBackend)
+    native.interpret = False
+    assert matmul_precision("float32", native) == "tf32"      # Triton's own default on CUDA
+    assert float32_dots(tf32=False) == "ieee"
+    assert matmul_precision("float32", native) == "float32" and rel_tolerance("float32") == 1e-4
+    assert float32_dots(tf32=True) == "tf32" and matmul_precision("float32", native) == "tf32"
+    with pytest.raises(UsageError, match="--tf32"):
+        RunSettings(dtype="bfloat16", tf32=True)
