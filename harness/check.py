@@ -163,6 +163,31 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
                     oracle_device=oracle_device, twin=twin)
 
 
+def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
+           pipeline=None) -> Prepared:
+    """A fresh engine for settings `s` (default: p's own) over p's weights,
+    oracle and, by default, p's pipeline (custom stages and ports included):
+    nothing is read or loaded again, so a localizer or a study of many
+    settings holds one copy of an 8B model's weights and one oracle. The
+    settings must keep p's model, seed, dtype and device."""
+    s = s or p.settings
+    if (s.model, s.seed, s.dtype, s.device) != (p.settings.model, p.settings.seed, p.settings.dtype, p.settings.device):
+        raise ValueError("derive keeps the model, seed, dtype and device of the run it derives from")
+    specs = prompts_for_batch(s.batch, prompts if prompts is not None else (
+        tuple(p.prompts) if s == p.settings else prompts_of(s)))
+    cfg = p.engine.cfg
+    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
+    backend = p.engine.backend if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
+    if pipeline is None:
+        pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
+    engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
+    twin = None
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+        twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
+    return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
+                    oracle_device=p.oracle_device, twin=twin)
+
+
 def check_finite_weights(weights: dict, model: str) -> None:
     """A checkpoint with NaN or Inf in a tensor is bad input, named before anything runs."""
     for name, w in weights.items():

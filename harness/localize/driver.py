@@ -28,10 +28,11 @@ class Localization:
 
 
 def localize(p, first) -> Localization:
-    """p: the run's Prepared (its engine already ran; a fresh one is built);
+    """p: the run's Prepared (its engine already ran; a fresh engine over the
+    same weights and pipeline is built);
     first: the run's FirstDivergence."""
-    from harness.check import prepare
-    fresh = prepare(p.settings, tuple(p.prompts))
+    from harness.check import derive
+    fresh = derive(p)  # the run's weights, oracle and pipeline (custom stages, ports): nothing loaded twice
     engine, oracle, tol = fresh.engine, p.oracle, p.tolerance
     kv = KVAudit()
     node = first.node if first.what not in ("stream", "accept") else None
