@@ -11,11 +11,14 @@ model, dtype and backend without a tree: harness/runner/causal_twin.py):
 
 with e = max |logits - oracle| / max |oracle| (compare/metrics.py).
 
-multiplier 1.75: over about 2300 nodes of correct bf16 runs on 1B- and
-8B-shaped checkpoints on an H200 the ratio e_engine / e_twin was at most
-1.38, and every row that saw one leaked key had a ratio of at least 2.1
-(issue figures; benchmarks/results/noise-floor-h200.json re-measures both).
-1.75 sits between them, 1.27x above the largest correct ratio.
+multiplier 1.75: on an H200 with 1B- and 8B-shaped bf16 checkpoints
+(benchmarks/results/noise-floor-h200-{1b,8b}.json, 4387 fault-free nodes) the
+ratio e_engine / e_twin of a correct engine was at most 1.41 (p99 1.21),
+while a row that saw one leaked key with a short prompt had at least 7.9;
+the issue's own earlier figures were 1.38 and 2.1. 1.75 sits between them,
+1.24x above the largest correct ratio. The weakest leak measured (one
+duplicated key at a 900-token prefix) reaches 1.94 on the 1B shape and
+1.13 to several on the 8B, where 9 of its 15 rows are caught.
 floor: the twin can land closer to the oracle than its dtype's rounding of
 the logits themselves by luck; below about one unit in the last place of the
 largest logit (bf16 2^-8 = 3.9e-3, fp16 2^-11 = 4.9e-4) its error says
@@ -23,7 +26,7 @@ nothing about the node's scale.
 ceiling: an error no correct computation in that dtype reaches whatever the
 twin says (a twin broken the same way as the engine cannot excuse it);
 bf16 0.25 and fp16 0.05, about 3x and 18x the largest errors measured on
-correct runs (7.5e-2 bf16 8B shape, 2.7e-3 fp16), and under the smallest
+correct runs (8.4e-2 bf16 8B shape, 2.7e-3 fp16), and under the smallest
 padded-kv-visible error measured (0.52).
 """
 from __future__ import annotations
