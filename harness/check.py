@@ -114,7 +114,7 @@ class Prepared:
     def rule(self) -> NoiseFloorRule | None:
         """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
         s = self.settings
-        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None)
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
 
     @property
     def tolerance(self) -> float:
@@ -157,7 +157,7 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
                              f"(vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
         twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
                     oracle_device=oracle_device, twin=twin)
@@ -182,7 +182,7 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
         pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
     engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
     twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
         twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
     return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
                     oracle_device=p.oracle_device, twin=twin)

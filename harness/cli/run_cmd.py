@@ -16,6 +16,7 @@ from harness.ports.attach import SettingSkipped
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
+from harness.calibrate import parse_noise_rule
 from harness.runner.prompt_sources import parse_prompt_lens
 from harness.runner.settings import RunSettings
 
@@ -60,6 +61,8 @@ def run(
                                                "file tokenized by the checkpoint's tokenizer.json"),
     verdict: str = typer.Option("auto", help="how nodes are judged: fixed (the dtype's tolerance), noise-floor (each "
                                 "node against its correct low-precision twin), auto (noise-floor for bf16/fp16)"),
+    noise_rule: Optional[str] = typer.Option(None, help="a calibrated noise floor MULTIPLIER,FLOOR,CEILING for a bf16/fp16 "
+                                             "run (`ddcheck calibrate` measures one)"),
     tf32: bool = typer.Option(False, help="float32 on CUDA: let Triton's dots run in TF32 (default: IEEE float32, "
                               "judged at the float32 tolerance; with --tf32 at the labelled tf32 one)"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
@@ -75,7 +78,8 @@ def run(
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
-                        oracle_device=oracle_device, verdict=verdict, tf32=tf32)
+                        oracle_device=oracle_device, verdict=verdict, tf32=tf32,
+                        noise_rule=parse_noise_rule(noise_rule))
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
