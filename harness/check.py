@@ -350,6 +350,23 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
     return summary
 
 
+def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> CheckSummary:
+    """An exception check() did not keep (building the engine or the oracle,
+    or ddcheck's own summary code): a crash record naming the side that
+    raised, and a failing summary in place of any other."""
+    crash = attribute(e)
+    if writer.run_id is None:
+        writer.begin_run()
+    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
+    summary = CheckSummary(setting=s.command(), crash=crash.brief(), error=crash.error)
+    if crash.side == "engine":
+        summary.first = FirstDivergence(-1, -1, -1, None, False, None, "crash", crash.sentence())
+        summary.fault_class, summary.explanation = "crash", crash.sentence()
+    writer.write(crash.record(summary.setting))
+    writer.write(summary_record(s, summary))
+    return summary
+
+
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
     d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
@@ -545,7 +562,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
-        summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
+        summary.notes.append(f"localizer failed: {attribute(e).sentence()}")
         if first.detail:
             summary.fault_class, summary.explanation = first.what, first.detail
         return

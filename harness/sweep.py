@@ -108,7 +108,7 @@ class SettingResult:
 def run_job(job: SettingJob) -> SettingResult:
     """One setting, in this process. Usage errors come back as data; an
     exception inside the engine is a failing setting (a crash is a finding)."""
-    from harness.check import CheckSummary, check, prepare, summary_record
+    from harness.check import CheckSummary, check, prepare, summary_record, write_crash_summary
     from harness.cli.common import USAGE_ERRORS
     from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
@@ -123,15 +123,14 @@ def run_job(job: SettingJob) -> SettingResult:
                              time.perf_counter() - t0)
     except USAGE_ERRORS as e:
         return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
-    try:
-        check(prepared, writer)
-    except Exception as e:  # noqa: BLE001  (check() keeps its crashes; one that escaped it, attributed)
-        from harness.crash import attribute
-        crash = attribute(e)
-        writer.lines = [ln for ln in writer.lines if json.loads(ln)["kind"] != "summary"]
-        summary = CheckSummary(setting=s.command(), crash=crash.brief(), error=crash.error)
-        writer.write(crash.record(summary.setting))
-        writer.write(summary_record(s, summary))
+    except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
+        prepared = None
+        write_crash_summary(s, writer, e)
+    if prepared is not None:
+        try:
+            check(prepared, writer)
+        except Exception as e:  # noqa: BLE001  (check() keeps its crashes; one that escaped it, attributed)
+            write_crash_summary(s, writer, e)
     if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
         last_line = json.loads(writer.lines.pop())
         assert last_line["kind"] == "summary", "check() writes the summary last"

@@ -133,20 +133,10 @@ def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
 
 
 def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
-    """An exception check() did not keep (building the engine, or ddcheck's own
-    summary code): the records so far, a crash record naming the side, a
-    failing summary; exit by its verdict."""
-    from harness.check import CheckSummary, summary_record
-    from harness.crash import attribute
-    crash = attribute(e)
-    summary = CheckSummary(setting=s.command(), crash=crash.brief(), error=crash.error)
-    if crash.side == "engine":
-        from harness.check import FirstDivergence
-        summary.first = FirstDivergence(-1, -1, -1, None, False, None, "crash", crash.sentence())
-        summary.fault_class, summary.explanation = "crash", crash.sentence()
-    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
-    writer.write(crash.record(summary.setting))
-    writer.write(summary_record(s, summary))
+    """An exception check() did not keep: the records so far, a crash record
+    naming the side, a failing summary; exit by its verdict."""
+    from harness.check import write_crash_summary
+    summary = write_crash_summary(s, writer, e)
     writer.commit()
     typer.echo(crash_line(summary.crash, summary, writer.path), err=True)
     raise typer.Exit(EXIT_CODES[summary.verdict])

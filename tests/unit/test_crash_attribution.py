@@ -140,3 +140,18 @@ def test_a_library_frame_is_passed_over_for_the_side_that_called_it():
         crash = attribute(e, step=1, in_step=True)
     assert crash.side == "ddcheck" and crash.where.startswith("harness/compare/metrics.py:")
     assert "while verify step 1 was checked" in crash.sentence()
+
+
+def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
+    import harness.check as check_mod
+    from harness.runner.settings import RunSettings
+    from harness.sweep import SettingJob, run_jobs, unjudged_lines, verdict
+
+    def broken_compare(engine, ref):
+        raise IndexError("index 7 is out of bounds")
+    monkeypatch.setattr(check_mod, "compare_node", broken_compare)
+    job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2))
+    (r,) = run_jobs([job], 1)
+    assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"
+    (line,) = unjudged_lines([r])
+    assert line.startswith("ddcheck: internal error") and "harness/check.py:" in line
