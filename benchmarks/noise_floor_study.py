@@ -142,6 +142,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--checkpoint", type=Path, help="use this directory instead of writing one")
     ap.add_argument("--float32-check", action="store_true", help="also one IEEE float32 run (its max error)")
+    ap.add_argument("--free", default=None, help="indices of the fault-free settings to run (default all): 1,3")
+    ap.add_argument("--leaks", default=None, help="indices of the leaks to run (default all): 3")
     a = ap.parse_args()
     if a.device == "cpu":
         from harness.attn.sglang_triton import prepare_interpreter
@@ -152,7 +154,8 @@ def main() -> None:
     result = {"shape": a.shape, "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu",
               "torch": torch.__version__, "write_checkpoint_s": time.perf_counter() - t0,
               "command": " ".join(sys.argv)}
-    result.update(study(ckpt, a.device, a.max_new_tokens, FREE, LEAKS))
+    pick = lambda xs, sel: xs if sel is None else [xs[int(i)] for i in sel.split(",")]  # noqa: E731
+    result.update(study(ckpt, a.device, a.max_new_tokens, pick(FREE, a.free), pick(LEAKS, a.leaks)))
     if a.float32_check:
         from harness.check import prepare
         from harness.runner.settings import RunSettings

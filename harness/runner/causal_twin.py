@@ -34,7 +34,7 @@ class CausalTwin:
     def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
         """Twin logits [num_rows, vocab] float32 on CPU, row i for tree node i."""
         p = len(prefix)
-        self._forward(list(prefix), prefill_metadata([p], self._slots(0, p)), start=0)  # prefix K/V, causal
+        self._forward(list(prefix), prefill_metadata([p], self._slots(0, p)).to(self.device), start=0)  # causal
         rows: list[torch.Tensor | None] = [None] * tree.num_rows
         for leaf in _leaves(tree):
             chain = list(tree.ancestors(leaf))  # root .. leaf
