@@ -83,6 +83,8 @@ def run(
         skipped(s, out, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    except typer.Exit:   # a side-by-side run ends the command itself
+        raise
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
         crashed(s, RecordWriter(out or default_out(s)), e)
     path = out or default_out(s)
