@@ -15,11 +15,11 @@ from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
-                           verdict, with_impls, write_jsonl)
+                           unjudged_lines, verdict, with_impls, write_jsonl)
 
 # the summary table's verdicts (harness.sweep.verdict); caught is an expected fault, not a failure
 VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
-                   "error": "red"}
+                   "error": "red", "internal-error": "red", "oracle-crash": "red"}
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
@@ -144,7 +144,9 @@ def sweep(
         from harness.report.html import write_report
         write_report([out], html)
         typer.echo(f"report: {html}")
-    raise typer.Exit(0 if all(r.passed for r in results) else 1)
+    for line in unjudged_lines(results):
+        typer.echo(line, err=True)
+    raise typer.Exit(3 if unjudged_lines(results) else 0 if all(r.passed for r in results) else 1)
 
 
 def _flag(name: str) -> str:
