@@ -152,9 +152,9 @@ class Interrupted(Exception):
 
 
 def _worker_init() -> None:
+    _die_with_parent()        # first: importing torch takes seconds on a loaded machine
     import torch
     torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
-    _die_with_parent()
 
 
 def _die_with_parent() -> None:
@@ -167,7 +167,9 @@ def _die_with_parent() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         except OSError:
-            pass
+            return
+        if os.getppid() == 1:   # the parent died before the signal was armed
+            os._exit(1)
 
 
 def prepare_environment() -> None:
