@@ -152,17 +152,18 @@ NEED_BATCH = lambda s, v: s.batch >= 2  # noqa: E731
 CATALOG = (
     Fault("padded-kv-visible", "padding columns left visible to real rows: real nodes attend to padded KV slots",
           "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "padding-leak",
-          _stage(build_mask=_mask_padding_visible), has_padding),
+          _stage(build_mask=_mask_padding_visible), has_padding, source="seed"),
     Fault("mask-row-stride", "mask rows laid out at stride prefix + real rows instead of the kernel's prefix + q_len",
           "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "mask-shift",
           _stage(build_mask=_mask_row_stride), has_padding),
     Fault("padded-rectangle-mask", "batch mask built as one [bs, q_len, max_prefix + q_len] rectangle, "
           "not per-request blocks", "--batch >= 2 (prompts of different lengths)", "batch-mask-layout",
-          _stage(build_mask=_mask_rectangle), NEED_BATCH),
+          _stage(build_mask=_mask_rectangle), NEED_BATCH, source="SGLang PR #27509"),
     Fault("short-graph-mask", "graph mask buffer declared with the live batch's length; batch-padding "
           "requests read past its end", "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4), "
           "a backend that reads the prefix columns (--backend torch)", "mask-out-of-bounds",
-          _graph(mask_buffer_for_bucket=False), all_of(NEED_GRAPH, batch_padded, reads_prefix_mask)),
+          _graph(mask_buffer_for_bucket=False), all_of(NEED_GRAPH, batch_padded, reads_prefix_mask),
+          source="SGLang #6309"),
     Fault("graph-captured-causal", "graph captured without the custom mask: replay runs causal, the tree is ignored",
           "--cuda-graph, --topk >= 2, --budget >= --block-size (a branching tree)", "graph-causal-mask",
           _graph(capture_custom_mask=False), all_of(NEED_GRAPH, has_branch)),

@@ -31,6 +31,8 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     assert len({f.expected_class for f in cat.values()}) == len(cat)  # the localizer can tell each apart
     for f in cat.values():
         assert f.breaks and f.shows_when and "\n" not in f.breaks + f.shows_when
+        assert isinstance(f.source, str) and len(f.source) <= 40
+    assert cat["padded-kv-visible"].source == "seed"
 
 
 @pytest.mark.parametrize("name,bad,good", [
@@ -76,6 +78,7 @@ def test_cli_lists_the_catalog_and_refuses_a_fault_that_cannot_show():
     assert out.exit_code == 0
     for name in NAMES:
         assert name in out.output
+    assert "source" in out.output and "SGLang #6309" in out.output and "seed" in out.output
     out = CliRunner().invoke(app, ["run", "--backend", "torch", "--no-cuda-graph", "--fault", "stale-kv-indices"])
     assert out.exit_code == 2
     assert "--cuda-graph" in out.output
