@@ -27,6 +27,11 @@ SHOW_SETTINGS: dict[str, dict] = {
     "padding-slot-alias": {},
     "bonus-from-wrong-node": {"max_new_tokens": 24},  # the tiny model's first tokens repeat one token
     "free-slot-read": {},
+    "position-base-offset": {},
+    "stale-graph-positions": {"cuda_graph": True},
+    "mask-request-permutation": {"batch": 2, "topk": 2},
+    "bonus-stride-cross-request": {"batch": 2},
+    "duplicate-sibling-token": {"topk": 2},
 }
 
 # The fault-free matrix, run once per seed.

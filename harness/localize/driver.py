@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.localize.audits import Finding, audit_acceptance, audit_inputs, audit_replay
+from harness.localize.audits import Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay
 from harness.localize.explain import Evidence, classify, explanation
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
@@ -43,6 +43,7 @@ def localize(p, first) -> Localization:
         audit_invariants(engine, result, kernel_kv, kv)
         audit_cache(engine, result, oracle, tol, kv)
         ev.canary += list(result.provenance)
+        ev.accept = ev.accept or audit_batch_bonus(result)
         for rs in result.requests:
             ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
         if first.what == "accept" and result.step == first.step:

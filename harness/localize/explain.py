@@ -12,7 +12,8 @@ from harness.localize.mask_probe import MaskDiff, derived_parents, row_stride_ex
 CLASSES = ("graph-causal-mask", "mask-out-of-bounds", "stale-kv-indices", "stale-graph-mask", "fully-masked-row",
            "node-order", "wrong-position", "slot-alias", "kv-not-compacted", "padding-leak", "batch-mask-layout",
            "mask-shift", "wrong-bonus", "accept-mismatch", "wrong-kv", "unexplained",
-           "free-slot-read", "kv-provenance")
+           "free-slot-read", "kv-provenance", "position-offset", "stale-graph-positions", "mask-of-other-request",
+           "bonus-cross-request", "token-shadowed", "commit-past-stop")
 
 
 @dataclass
@@ -38,7 +39,8 @@ def classify(ev: Evidence) -> tuple[str, str]:
     """(fault_class, the cause sentence)."""
     kinds = {f.kind: f for f in ev.graph}
     for kind, cls in (("captured-causal", "graph-causal-mask"), ("mask-out-of-bounds", "mask-out-of-bounds"),
-                      ("stale-kv-indices", "stale-kv-indices"), ("stale-mask", "stale-graph-mask")):
+                      ("stale-kv-indices", "stale-kv-indices"), ("stale-mask", "stale-graph-mask"),
+                      ("stale-positions", "stale-graph-positions")):
         if kind in kinds:
             return cls, kinds[kind].text + _probe_note(ev.probe())
     free = next((f for f in ev.canary if f.kind == "free-slot"), None)
@@ -60,6 +62,8 @@ def classify(ev: Evidence) -> tuple[str, str]:
                                   f"row {bad[0][0]}'s parent is row {bad[0][1]}: children numbered before parents")
     if ev.inputs is not None and ev.inputs.kind == "positions":
         return "wrong-position", ev.inputs.text
+    if ev.inputs is not None and ev.inputs.kind == "positions-offset":
+        return "position-offset", ev.inputs.text
     kv = ev.kv.kinds()
     if "alias" in kv:
         v = next(v for v in ev.kv.violations if v.kind == "alias")
@@ -70,7 +74,8 @@ def classify(ev: Evidence) -> tuple[str, str]:
     if d is not None and (d.leaked or d.blocked):
         return _classify_mask(ev, d)
     if ev.accept is not None:
-        cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch"}.get(ev.accept.kind, "unexplained")
+        cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch", "token-shadowed": "token-shadowed",
+               "bonus-cross-request": "bonus-cross-request"}.get(ev.accept.kind, "unexplained")
         return cls, ev.accept.text
     if ev.kv.first_bad_position is not None:
         return "wrong-kv", f"the cached K/V is wrong{_kv_note(ev.kv)}"
@@ -81,6 +86,12 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> tuple[str, str]:
     roles = d.key_roles
     if d.leaked and not d.blocked and all(roles[c].startswith("padding") for _, c in d.leaked):
         return "padding-leak", _leak_sentence(ev, d)
+    other = _other_requests_tree(ev, d)
+    if other is not None:
+        return "mask-of-other-request", (f"request {d.request}'s rows see exactly request {other.request}'s tree "
+                                         f"(its draft part is that request's ancestor mask, {len(d.leaked)} leaked, "
+                                         f"{len(d.blocked)} blocked pairs against its own): the mask blocks are "
+                                         "filled in another request order")
     if len(ev.probes) > 1:
         longest = max(x.prefix_len for x in ev.probes)
         ok = [x.request for x in ev.probes if not (x.leaked or x.blocked)]
@@ -96,6 +107,16 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> tuple[str, str]:
     empty = f", rows {ranges(d.empty_rows)} see no key" if d.empty_rows else ""
     return "mask-shift", (f"rows {ranges(rows)} see the wrong keys ({len(d.leaked)} leaked, {len(d.blocked)} blocked "
                           f"pairs{empty}): the mask rows are shifted{stride}")
+
+
+def _other_requests_tree(ev: Evidence, d: MaskDiff) -> MaskDiff | None:
+    """Another request of the batch whose tree's draft-part mask is what `d`'s rows saw."""
+    seen = d.effective[:, d.prefix_len:]
+    for x in ev.probes:
+        want = x.expected[:, x.prefix_len:]
+        if x.request != d.request and want.shape == seen.shape and bool((want == seen).all()):
+            return x
+    return None
 
 
 def _leak_sentence(ev: Evidence, d: MaskDiff) -> str:

@@ -155,10 +155,13 @@ class Engine:
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         findings = self._canary(step, active, vb)
         out = []
+        flat = logits.argmax(-1).tolist() if p.read_bonus is not None else None
         for b, (r, tree) in enumerate(zip(active, trees)):
             rows = slice(b * q, (b + 1) * q)
             predicts = logits[rows].argmax(-1).tolist()
             acc = self.accept(tree, predicts)
+            if flat is not None:
+                acc = Acceptance(acc.rows, p.read_bonus(flat, b, q, trees, acc))
             cross = self.cross_accept(tree, predicts) if self.cross_accept else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
                                    tuple(loc[rows].tolist()), acc, cross, drafts[b]))

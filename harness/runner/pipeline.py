@@ -33,3 +33,6 @@ class Pipeline:
     # a batched commit replaces `commit` when set (a port's own commit code):
     # (req_pool, kv_pool, req_pool_indices, seq_lens, out_cache_loc [bs*q_len], trees, acceptances) -> seq_lens
     commit_batch: Optional[Callable] = None
+    # a batched bonus read replaces each acceptance's bonus when set:
+    # (predicts [bs*q_len] the batch's argmax, b, q_len, trees, acceptance) -> bonus token
+    read_bonus: Optional[Callable] = None
