@@ -153,6 +153,11 @@ def _bonus_at_packed_offset(predicts: list[int], b: int, q_len: int, trees: list
     return predicts[sum(t.num_rows for t in trees[:b]) + acceptance.rows[-1]]
 
 
+def _stop_ignored(tree: DraftTree, acceptance: Acceptance, eos_id: int | None) -> Acceptance:
+    """The whole accepted chunk is committed, an end-of-sequence token inside it notwithstanding."""
+    return acceptance
+
+
 def _commit_contiguous(req_to_token, allocator, req_pool_idx, seq_len, row_slots, acceptance) -> int:
     """req_to_token gets the first n rows' slots (out_cache_loc[:n]) instead of
     the accepted rows' slots: right only when the accept is rows 0..n-1."""
@@ -186,6 +191,7 @@ NEED_TWO_NODES = lambda s, v: num_nodes(s, v) >= 2  # noqa: E731
 NEED_WALK = lambda s, v: s.accept == "walk"  # noqa: E731
 NEED_BATCH = lambda s, v: s.batch >= 2  # noqa: E731
 ANY = lambda s, v: True  # noqa: E731
+NEED_EOS = lambda s, v: s.eos_id is not None  # noqa: E731
 
 CATALOG = (
     Fault("padded-kv-visible", "padding columns left visible to real rows: real nodes attend to padded KV slots",
@@ -253,6 +259,10 @@ CATALOG = (
           "with the same token at that depth shadows the child, the walk stops early",
           "--topk >= 2, --budget >= --block-size (nodes repeating a token at one depth)", "token-shadowed",
           _stage(accept=_accept_level_map), all_of(NEED_WALK, has_branch)),
+    Fault("commit-past-stop", "a whole accepted chunk is committed and emitted past an end-of-sequence token "
+          "accepted inside it", "--eos-id, a token the target's greedy stream emits as an accepted draft (not "
+          "as the bonus)", "commit-past-stop", _stage(stop=_stop_ignored), NEED_EOS,
+          source="transformers #47912"),
 )
 
 for _fault in CATALOG:

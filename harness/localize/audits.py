@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ddtree.accept import greedy_walk
+from harness.ddtree.accept import cut_at_stop, greedy_walk
 from harness.ddtree.tree import DraftTree
 
 
@@ -82,11 +82,27 @@ def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
     return out
 
 
-def audit_acceptance(rs) -> Finding | None:
+def audit_stop(rs, eos_id: int | None) -> Finding | None:
+    """An accepted draft row carrying the end-of-sequence token: the rows and
+    the bonus after it were committed past the stop."""
+    if eos_id is None:
+        return None
+    rows, tree = list(rs.acceptance.rows), rs.tree
+    j = next((j for j in range(1, len(rows)) if tree.tokens[rows[j]] == eos_id), None)
+    if j is None:
+        return None
+    return Finding("past-stop", f"step {rs.step}, request {rs.rid}: accepted row {rows[j]} carries the "
+                                f"end-of-sequence token {eos_id}, yet rows {rows[j:]} and the bonus "
+                                f"{rs.acceptance.bonus} are committed: {len(rows) - j} tokens past the stop "
+                                f"(the acceptance must end at rows {rows[:j]} with the eos as its bonus)")
+
+
+def audit_acceptance(rs, eos_id: int | None = None) -> Finding | None:
     """The engine's acceptance against a fresh greedy walk over the same
-    logits: faults swap the accept stage, never greedy_walk itself."""
+    logits (ended at an end-of-sequence token): faults swap the accept stage,
+    never greedy_walk itself."""
     predicts = rs.logits.argmax(-1).tolist()
-    want, acc = greedy_walk(rs.tree, predicts), rs.acceptance
+    want, acc = cut_at_stop(rs.tree, greedy_walk(rs.tree, predicts), eos_id), rs.acceptance
     if acc == want:
         return None
     rows = list(want.rows)

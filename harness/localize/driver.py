@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.localize.audits import Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay
+from harness.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
+                                     audit_stop)
 from harness.localize.explain import Evidence, classify, explanation
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
@@ -45,7 +46,8 @@ def localize(p, first) -> Localization:
         ev.canary += list(result.provenance)
         ev.accept = ev.accept or audit_batch_bonus(result)
         for rs in result.requests:
-            ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
+            eos = engine.s.eos_id
+            ev.accept = ev.accept or audit_stop(rs, eos) or audit_acceptance(rs, eos) or _cross_check_finding(rs)
         if first.what == "accept" and result.step == first.step:
             break
         if first.what not in ("stream", "accept") and result.step == first.step:

@@ -20,7 +20,7 @@ NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
          "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
-         "bonus-stride-cross-request", "duplicate-sibling-token"}
+         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -54,6 +54,7 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("bonus-stride-cross-request", {"batch": 1}, {"batch": 2}),
     ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),   # no padding: packed = padded
     ("duplicate-sibling-token", {"topk": 1}, {"topk": 2}),
+    ("commit-past-stop", {}, {"eos_id": 3}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")
@@ -218,3 +219,15 @@ def test_other_requests_tree_mask_and_shifted_positions():
     assert torch.equal(mask[6 * 9:].view(6, 8), request_mask_block(branch, 2))
     vb, _ = _batch(cat_mod._positions_shifted)
     assert vb.positions.tolist() == [4, 5, 5, 6]                  # prefix 3 + depths 0, 1, 1, 2, all + 1
+
+
+def test_stop_ignored_commits_past_the_eos_and_the_audit_says_so():
+    from types import SimpleNamespace
+    from harness.ddtree.accept import Acceptance
+    from harness.localize.audits import audit_stop
+    chain = DraftTree((5, 6, 7, 8), (None, 0, 1, 2), (0, 1, 2, 3), q_len=5)
+    acc = Acceptance((0, 1, 2, 3), 9)
+    assert cat_mod._stop_ignored(chain, acc, 7) == acc
+    found = audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=acc), 7)
+    assert found.kind == "past-stop" and "rows [2, 3] and the bonus 9" in found.text
+    assert audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=Acceptance((0, 1), 7)), 7) is None
