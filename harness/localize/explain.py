@@ -75,7 +75,8 @@ def classify(ev: Evidence) -> tuple[str, str]:
         return _classify_mask(ev, d)
     if ev.accept is not None:
         cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch", "token-shadowed": "token-shadowed",
-               "bonus-cross-request": "bonus-cross-request", "past-stop": "commit-past-stop"}.get(ev.accept.kind, "unexplained")
+               "bonus-cross-request": "bonus-cross-request",
+               "past-stop": "commit-past-stop"}.get(ev.accept.kind, "unexplained")
         return cls, ev.accept.text
     if ev.kv.first_bad_position is not None:
         return "wrong-kv", f"the cached K/V is wrong{_kv_note(ev.kv)}"

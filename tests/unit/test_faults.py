@@ -52,7 +52,7 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("mask-request-permutation", {"batch": 2, "topk": 1}, {"batch": 2, "topk": 2}),
     ("mask-request-permutation", {"batch": 1, "topk": 2}, {"batch": 2, "topk": 2}),
     ("bonus-stride-cross-request", {"batch": 1}, {"batch": 2}),
-    ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),   # no padding: packed = padded
+    ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),  # no padding: packed = padded
     ("duplicate-sibling-token", {"topk": 1}, {"topk": 2}),
     ("commit-past-stop", {}, {"eos_id": 3}),
 ])
