@@ -172,10 +172,9 @@ def kv_notes(kv: KVAudit, quoted: str = "", limit: int = 3) -> str:
     seen, notes = set(), []
     for v in kv.violations:
         text = f"step {v.step}: {v.text}"
-        if v.kind in seen or text in quoted:
-            continue
+        if v.kind not in seen and text not in quoted:
+            notes.append(text)
         seen.add(v.kind)
-        notes.append(text)
     extra = len(notes) - limit
     out = notes[:limit] + ([f"{extra} more kinds"] if extra > 0 else [])
     if kv.first_bad_position is not None:

@@ -211,17 +211,17 @@ def flat_shift_explains(diff: MaskDiff, num_rows: int) -> int | None:
         read[:, :p] = False
     read[num_rows:] = False
     flat, want, mask = diff.expected.reshape(-1), diff.effective.reshape(-1), read.reshape(-1)
-    size = flat.numel()
+    size, wrong = flat.numel(), (flat != want) & mask   # every wrong element must be one the shift explains
     reach = min(size - 1, 2 * (p + n))   # a shift is by at most two rows; further is a different layout
     for s in sorted(range(-reach, reach + 1), key=abs):
         if s == 0:
             continue
-        moved = torch.zeros_like(flat)
+        moved, judged = torch.zeros_like(flat), mask.clone()   # elements moved in from outside the block: not judged
         if s > 0:
-            moved[s:] = flat[:size - s]
+            moved[s:], judged[:s] = flat[:size - s], False
         else:
-            moved[:size + s] = flat[-s:]
-        if bool((moved == want)[mask].all()):
+            moved[:size + s], judged[size + s:] = flat[-s:], False
+        if bool((moved == want)[judged].all()) and not bool((wrong & ~judged).any()):
             return s
     return None
 
