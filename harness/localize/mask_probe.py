@@ -190,12 +190,16 @@ def visibility_changes(d: MaskDiff, limit: int = 6) -> str:
             groups.setdefault((change, pair_role(d, r, c)), {}).setdefault(r, []).append(c)
     items, left = [], 0
     for (change, role), rows in groups.items():
+        same: dict[tuple[int, ...], list[int]] = {}   # rows that changed in the same keys, named together
         for r, cols in sorted(rows.items()):
+            same.setdefault(tuple(sorted(cols)), []).append(r)
+        for cols, rs in same.items():
             if len(items) < limit:
-                items.append(f"row {r} {change} {_key_label(d, role, cols)}")
+                who = f"row {rs[0]}" if len(rs) == 1 else f"rows {ranges(rs)}"
+                items.append(f"{who} {change} {_key_label(d, role, list(cols))}")
             else:
                 left += 1
-    more = f"; and {left} more (row, role) groups" if left else ""
+    more = f"; and {left} more groups of rows" if left else ""
     n = len(d.leaked) + len(d.blocked)
     return (f"the applied mask differs from the tree's ancestor mask in {n} (row, key) pair{'s' if n > 1 else ''} "
             f"({len(d.leaked)} gained, {len(d.blocked)} lost): " + "; ".join(items) + more)
