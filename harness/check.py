@@ -568,7 +568,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
-    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+    if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
-    if first.what == "provenance" and loc.fault_class == "unexplained":
+    if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail
