@@ -571,6 +571,13 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
+    except (MemoryError, torch.cuda.OutOfMemoryError) as e:   # the verdict stands; say what did not fit
+        where = "GPU" if isinstance(e, torch.cuda.OutOfMemoryError) else "host"
+        summary.notes.append(f"localizer: not enough {where} memory to re-run the engine up to step {first.step} "
+                             "next to this run's; the verdict stands, unexplained")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
+        return
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
         summary.notes.append(f"localizer failed: {attribute(e).sentence()}")
         if first.detail:
@@ -578,7 +585,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
-    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+    if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
-    if first.what == "provenance" and loc.fault_class == "unexplained":
+    if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail

@@ -53,9 +53,9 @@ def localize(p, first) -> Localization:
         if first.what not in ("stream", "accept") and result.step == first.step:
             _at_divergence(engine, result, replay, first, oracle, tol, ev)
             break
-    cls, cause = classify(ev)
+    cause = classify(ev)
     d = ev.probe()
-    return Localization(first.step, first.request, first.node, first.depth, cls, explanation(ev, cause),
+    return Localization(first.step, first.request, first.node, first.depth, cause.cls, explanation(ev, cause),
                         d.to_record() if d is not None else None, kv.to_record(),
                         ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph])
 
@@ -74,11 +74,13 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
                            engine.s.torch_dtype, engine.s.device)
     loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     kv_idx = meta.kv_indices.cpu().tolist()
+    owned = _owned_slots(engine, result)
     for i, tree in enumerate(trees):
         if vis[i].effective.shape[0] != tree.q_len:
             continue
         slots = kv_idx[kvp[i]:kvp[i + 1]] + loc[qo[i]:qo[i + 1]]
-        ev.probes.append(diff_request(i, vis[i], tree, slots, engine.backend.mask_regions))
+        others = frozenset(s for j, own in enumerate(owned) if j != i for s in own) - owned[i]
+        ev.probes.append(diff_request(i, vis[i], tree, slots, engine.backend.mask_regions, others))
     if first.what == "batch-padding":
         ev.probes.append(dummy_request(b, vis[b], kv_idx[kvp[b]:kvp[b + 1]] + loc[qo[b]:qo[b + 1]]))
         ev.num_rows = vis[b].effective.shape[0]
@@ -93,6 +95,14 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         path = [rs.tree.tokens[a] for a in rs.tree.ancestors(first.node)]
         ref = oracle.path_hidden(list(rs.prefix) + path)
     ev.bisect = bisect(hidden, row, ref, tol)
+
+
+def _owned_slots(engine, result) -> list[frozenset[int]]:
+    """Per request of the batch: its committed prefix's slots and its verify rows' slots."""
+    r2t = engine.req_pool.req_to_token.cpu()
+    live = {r.rid: r for r in engine.requests if not r.finished}
+    return [(frozenset(r2t[live[rs.rid].req_pool_idx, :len(rs.prefix)].tolist()) if rs.rid in live else frozenset())
+            | frozenset(rs.row_slots) for rs in result.requests]
 
 
 def _cross_check_finding(rs) -> Finding | None:
