@@ -75,6 +75,8 @@ class CheckSummary:
     notes: list[str] = field(default_factory=list)
     fault_class: str | None = None   # the localizer's class of the first divergence
     explanation: str | None = None   # the localizer's paragraph
+    stage: str | None = None         # the localizer's stage of the first wrong quantity
+    quantity: str | None = None      # and that quantity
     port: dict | None = None         # the port under test (--impl): which stages were its own
     audit_errors: int = 0            # structural findings on the port's metadata (audit records)
     audit_warnings: int = 0          # findings that change no logits on this kernel
@@ -585,6 +587,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    summary.stage, summary.quantity = loc.stage, loc.quantity
     if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
     if first.what == "provenance" and loc.fault_class == "unknown":
