@@ -28,6 +28,27 @@ def exit_usage(e: Exception) -> NoReturn:
     sys.exit(2)
 
 
+MAX_JOBS = 256      # worker processes of a sweep or gate (each holds a model and an oracle)
+MAX_THREADS = 1024  # DDCHECK_THREADS: torch intra-op threads
+
+
+def check_jobs(jobs: int) -> None:
+    if not 0 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be in [0, {MAX_JOBS}] (0: one per core), got {jobs}")
+
+
+def threads_from_env(environ) -> int:
+    """DDCHECK_THREADS (default 1): a whole number of torch threads in [1, MAX_THREADS]."""
+    raw = environ.get("DDCHECK_THREADS", "1")
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise UsageError(f"DDCHECK_THREADS must be a whole number in [1, {MAX_THREADS}], got {raw!r}")
+    return n
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
