@@ -89,6 +89,20 @@ def check_outputs(**paths) -> None:
             raise UsageError(f"{name} {p}: {parent} is not writable")
 
 
+def clear_stale(*paths) -> None:
+    """When a command's work starts (every input checked): outputs of the same
+    name from an earlier run are removed, with any temporary file beside them,
+    so a run killed half-way never leaves the previous run's "passed": true,
+    JUnit or HTML in place of its own."""
+    from pathlib import Path
+    for path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        p.unlink(missing_ok=True)
+        p.with_name(f".{p.name}.tmp").unlink(missing_ok=True)
+
+
 def write_text_atomic(path, text: str) -> None:
     """All or nothing: a temporary file beside `path`, renamed over it."""
     from pathlib import Path

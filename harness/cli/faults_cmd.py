@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_device, write_text_atomic
+from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_device, write_text_atomic
 
 
 MAX_SEEDS = 1000   # seeds of the self-check's fault-free matrix, or per fault
@@ -67,6 +67,7 @@ def faults(
         check_outputs(json=json_out)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    clear_stale(json_out)
     from harness.faults.selftest import self_check
     console = Console(stderr=True)
     rows = []

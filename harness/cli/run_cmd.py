@@ -14,7 +14,7 @@ from rich.table import Table
 from harness.check import CheckSummary, check, prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
 from harness.runner.prompt_sources import parse_prompt_lens
 from harness.runner.settings import RunSettings
@@ -85,6 +85,7 @@ def run(
     except USAGE_ERRORS as e:
         fail_usage(e)
     path = out or default_out(s)
+    clear_stale(path, html)
     writer = RecordWriter(path)
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
