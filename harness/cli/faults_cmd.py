@@ -69,19 +69,23 @@ def faults(
         fail_usage(e)
     clear_stale(json_out)
     from harness.faults.selftest import self_check
-    console = Console(stderr=True)
     rows = []
     try:
         if impl:
             from harness.ports.registry import parse_impl
             impl = parse_impl(impl).label
-        for row in self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device), impl=impl):
+        from harness.faults.selftest import CLEAN_MATRIX, CLEAN_QUICK
+        total = len(only or cat) * fault_seeds + seeds * len(CLEAN_QUICK if quick else CLEAN_MATRIX)
+        for n, row in enumerate(self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device),
+                                           impl=impl), 1):
+            # progress, one unwrapped line per run as it finishes (a CI log shows it live)
             if row is None:
-                console.print("skip: the port cannot run this setting, or replaces the stage the fault swaps")
+                typer.echo(f"[{n}/{total}] skip: the port cannot run this setting, or replaces the stage the "
+                           "fault swaps", err=True)
                 continue
             rows.append(row)
-            console.print(f"{row.fault or 'fault-free'} seed {row.settings.seed}: "
-                          f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)")
+            typer.echo(f"[{n}/{total}] {row.fault or 'fault-free'} seed {row.settings.seed}: "
+                       f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)", err=True)
     except USAGE_ERRORS as e:
         fail_usage(e)
     _print_table(rows)
