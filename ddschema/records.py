@@ -13,6 +13,7 @@ RECORD_KINDS = {
     "audit": "one per structural finding on a port's verify metadata (mask, inputs, acceptance, commit)",
     "interrupted": "last line of a sweep or gate stopped by Ctrl-C: settings finished and total",
     "side-by-side": "one per pair of implementations run on the same drafts: where they first differ",
+    "crash": "one per run where an exception was raised: the side (engine, oracle, ddcheck), file:line, error",
     "localize": "one per divergent run: mask probe, KV audit, layer bisect, explanation",
     "summary": "one per run: counts and the first divergence",
 }

@@ -35,8 +35,9 @@ was expected, in one line.
     budget = 16
     topk = 1
 
-    [tolerances]                       # optional: the relative tolerance nodes are judged at, per dtype
-    float32 = 1e-5
+    [tolerances]                       # optional: the relative tolerance nodes are judged at, per dtype,
+    float32 = 1e-5                     #   or a noise floor (ddcheck calibrate writes these)
+    bfloat16 = { multiplier = 1.6, floor = 0.0039, ceiling = 0.2 }
 
 docs/CASES.md documents every key.
 """
@@ -116,8 +117,12 @@ class Case:
         return next((m.acceptance for m in self.matrix if m.label == label), None)
 
     def with_tolerance(self, s: RunSettings) -> RunSettings:
-        """The case's tolerance for the setting's dtype, when it names one."""
-        return replace(s, tolerance=self.tolerances.get(s.dtype, s.tolerance))
+        """The case's tolerance for the setting's dtype, when it names one: a
+        number (fixed) or a calibrated noise floor (multiplier, floor, ceiling)."""
+        value = self.tolerances.get(s.dtype)
+        if isinstance(value, tuple):
+            return replace(s, noise_rule=value)
+        return replace(s, tolerance=value if value is not None else s.tolerance)
 
     def one_line(self) -> str:
         faults = ", ".join(f.name for f in self.faults) or "none"
@@ -220,6 +225,9 @@ def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:
     return tuple(out)
 
 
+RULE_KEYS = ("multiplier", "floor", "ceiling")
+
+
 def _tolerances(path: Path, raw) -> dict:
     if raw is None:
         return {}
@@ -227,12 +235,29 @@ def _tolerances(path: Path, raw) -> dict:
     _check_keys(path, raw, set(DTYPES), "tolerances.")
     out = {}
     for dtype, value in raw.items():
+        if isinstance(value, dict):   # a calibrated noise floor (ddcheck calibrate): bf16 and fp16
+            out[dtype] = _noise_rule(path, dtype, value)
+            continue
         # the nodes of this dtype are judged at this tolerance instead of the default
         value = _get(path, raw, dtype, "tolerances.", float, None, "a number in (0, 1)")
         if not 0.0 < value < 1.0:
             raise _fail(path, f"tolerances.{dtype}", "a number in (0, 1)", value)
         out[dtype] = value
     return out
+
+
+def _noise_rule(path: Path, dtype: str, table: dict) -> tuple[float, float, float]:
+    from harness.compare.noise_floor import NOISE_FLOOR, NoiseFloorRule
+    expected = "{ multiplier >= 1, 0 < floor < ceiling < 1 } (a bfloat16 or float16 noise floor)"
+    if dtype not in NOISE_FLOOR or set(table) != set(RULE_KEYS) or not all(
+            isinstance(table[k], (int, float)) and not isinstance(table[k], bool) for k in RULE_KEYS):
+        raise _fail(path, f"tolerances.{dtype}", expected, table)
+    rule = tuple(float(table[k]) for k in RULE_KEYS)
+    try:
+        NoiseFloorRule(*rule)
+    except ValueError:
+        raise _fail(path, f"tolerances.{dtype}", expected, table) from None
+    return rule
 
 
 def load_case(path: Path) -> Case:

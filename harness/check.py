@@ -12,6 +12,7 @@ import torch
 from harness.attn import make_backend
 from harness.compare.acceptance_stats import AcceptanceTally
 from harness.compare.metrics import compare_node
+from harness.crash import Crash, attribute
 from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
 from harness.runner.causal_twin import CausalTwin
 from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
@@ -42,6 +43,7 @@ class FirstDivergence:
     #                     | config | weights (the engine's loader disagrees with the oracle's reading)
     #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
     #                     | provenance (a KV slot read or written against the canary's record of it)
+    #                     | crash (the engine under test raised before anything diverged; detail names where)
     detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
@@ -87,9 +89,28 @@ class CheckSummary:
     prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
     prefix_len_max: int = 0
     key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
+    crash: dict | None = None               # an exception met during the check: side, where, error, step
+    error: str | None = None                # its last line (the crash's `error`)
+
+    @property
+    def verdict(self) -> str:
+        """pass | diverge (a divergence, or the engine under test crashed) |
+        oracle-crash (the oracle raised before anything diverged) |
+        internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
+        side = (self.crash or {}).get("side")
+        if side == "ddcheck":
+            return "internal-error"
+        if not self.checks_passed or side == "engine":
+            return "diverge"
+        return "oracle-crash" if side == "oracle" else "pass"
 
     @property
     def passed(self) -> bool:
+        return self.crash is None and self.checks_passed
+
+    @property
+    def checks_passed(self) -> bool:
+        """No check found a divergence (whatever crashed after)."""
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
@@ -114,7 +135,7 @@ class Prepared:
     def rule(self) -> NoiseFloorRule | None:
         """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
         s = self.settings
-        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None)
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
 
     @property
     def tolerance(self) -> float:
@@ -159,7 +180,7 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
         raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
         twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
                     oracle_device=oracle_device, twin=twin)
@@ -184,7 +205,7 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
         pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
     engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
     twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None) is not None:
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
         twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
     return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
                     oracle_device=p.oracle_device, twin=twin)
@@ -208,6 +229,10 @@ def load_oracle_from(directory, model: str, device: str = "cpu"):
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
           localize: bool = True) -> CheckSummary:
+    """Every verify step against the oracle, then the streams; the summary is
+    the last record. An exception is a finding, never the end of the
+    evidence: the divergences recorded before it stay, are localized, and a
+    `crash` record names the side that raised (harness/crash.py)."""
     s = p.settings
     tol = p.tolerance
     writer.begin_run()
@@ -217,14 +242,36 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
         return _load_divergence(p, summary, writer)
-    ignored_prefix_keys = 0
+    progress = _Progress()
+    try:
+        _run_checks(p, summary, writer, on_step, progress)
+    except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
+        _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
+    if summary.first is not None and localize and summary.verdict != "internal-error":
+        _localize(p, summary, writer)
+    writer.write(summary_record(s, summary))
+    return summary
+
+
+@dataclass
+class _Progress:
+    step: int | None = None       # the last verify step the engine produced
+    in_step: bool = False         # that step is being checked
+    streams_checked: bool = False
+    ignored_prefix_keys: int = 0
+
+
+def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
+                on_step: Callable[[int, int], None] | None, progress: _Progress) -> None:
+    s = p.settings
     tally = AcceptanceTally()
     clock = StepClock()
     # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
     threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
     for result in clock.timed(p.engine.rounds()):
+        progress.step, progress.in_step = result.step, True
         summary.steps += 1
-        ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
+        progress.ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         divergent_before = summary.divergent_nodes
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
@@ -240,24 +287,51 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
         summary.divergent_steps += summary.divergent_nodes > divergent_before
+        summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
         if s.stop_after and summary.divergent_steps >= s.stop_after:
             summary.stopped_early = True
             summary.notes.append(f"stopped after {summary.divergent_steps} divergent steps (--stop-after "
                                  f"{s.stop_after}); streams compared over the tokens emitted")
             break
+        progress.in_step = False   # the engine's next round (or its end) is under way
     summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
     tiles = getattr(p.engine.backend, "key_tiles", None)
     summary.key_tiles = tiles(summary.prefix_len_max, p.engine.cfg.head_dim) if tiles and summary.steps else None
-    summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
     if not summary.stopped_early:   # an unfinished engine has no finish findings
         _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
+    progress.streams_checked = True
     with oracle_threads(threads):
         _check_streams(p, summary, writer)
-    _add_notes(p, summary, ignored_prefix_keys)
-    if summary.first is not None and localize:
-        _localize(p, summary, writer)
-    writer.write(summary_record(s, summary))
-    return summary
+    _add_notes(p, summary, progress.ignored_prefix_keys)
+
+
+def _crashed(p: Prepared, summary: CheckSummary, writer: RecordWriter, crash: Crash, progress: _Progress) -> None:
+    """A crash record; the divergences seen before it stand. An engine crash
+    is a divergence named "crash" when nothing diverged before it; after an
+    engine crash the streams are still compared over the tokens emitted."""
+    writer.write(crash.record(summary.setting))
+    summary.crash = crash.brief()
+    summary.error = crash.error
+    if crash.side == "engine" and not progress.streams_checked:
+        summary.stopped_early = True   # compare what was emitted, as a run stopped early does
+        try:
+            _check_streams(p, summary, writer)
+        except Exception as e:  # noqa: BLE001  (a second failure must not replace the first)
+            summary.notes.append(f"streams not compared: {attribute(e).sentence()}")
+    try:
+        _add_notes(p, summary, progress.ignored_prefix_keys)
+    except Exception:  # noqa: BLE001  (notes are a courtesy)
+        pass
+    before = summary.divergent_nodes + summary.stream_mismatches + summary.tree_mismatches \
+        + summary.accept_ref_mismatches + summary.accept_mismatches + summary.provenance_findings
+    if summary.first is None and crash.side == "engine":
+        step = crash.step if crash.step is not None else -1
+        summary.first = FirstDivergence(step, -1, -1, None, False, None, "crash", crash.sentence())
+    elif before:
+        summary.notes.append(f"{crash.sentence()}, after {before} divergences were recorded; the first of them "
+                             "is the one reported")
+    else:
+        summary.notes.append(crash.sentence())
 
 
 def _note_prefix(summary: CheckSummary, n: int) -> None:
@@ -278,9 +352,26 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
     return summary
 
 
+def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> CheckSummary:
+    """An exception check() did not keep (building the engine or the oracle,
+    or ddcheck's own summary code): a crash record naming the side that
+    raised, and a failing summary in place of any other."""
+    crash = attribute(e)
+    if writer.run_id is None:
+        writer.begin_run()
+    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
+    summary = CheckSummary(setting=s.command(), crash=crash.brief(), error=crash.error)
+    if crash.side == "engine":
+        summary.first = FirstDivergence(-1, -1, -1, None, False, None, "crash", crash.sentence())
+        summary.fault_class, summary.explanation = "crash", crash.sentence()
+    writer.write(crash.record(summary.setting))
+    writer.write(summary_record(s, summary))
+    return summary
+
+
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
-    d = {k: v for k, v in asdict(summary).items() if k != "setting"}
-    return {"kind": "summary", "setting": summary.setting, "passed": summary.passed,
+    d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
+    return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
             "settings": s.to_dict(), **d, **provenance(),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
@@ -338,7 +429,7 @@ def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, su
     if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
         verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
     tol = summary.max_node_bound if p.rule is not None else p.tolerance  # the nodes' own scale, not the ceiling
-    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting)))
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting, s.eos_id)))
     for what, v in verdicts:
         if v is None:
             continue
@@ -438,15 +529,25 @@ def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> 
     for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
         got = r.emitted[:n]
         ref, gaps = p.oracle.greedy(ids, len(got) if summary.stopped_early else n)
+        ref = cut_stream(ref, p.settings.eos_id)
         first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
         verdict = "match"
         if first is not None:
             verdict = "near-tie" if gaps[first] <= tie else "diverge"
+        elif len(got) != len(ref):   # one side went on past a stop the other made: no tie explains that
+            first, verdict = min(len(got), len(ref)), "diverge"
         if verdict == "diverge":
             summary.stream_mismatches += 1
             if summary.first is None:
                 summary.first = FirstDivergence(-1, r.rid, first, None, False, None, "stream")
         writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting))
+
+
+def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:
+    """A greedy stream ended at its first end-of-sequence token (kept)."""
+    if eos_id is None or eos_id not in tokens:
+        return tokens
+    return tokens[:tokens.index(eos_id) + 1]
 
 
 def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
@@ -467,19 +568,26 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.localize import localize
     first = summary.first
-    if first.what == "tree":  # the localizer probes the verify forward; a tree is decided before it
-        summary.fault_class, summary.explanation = "tree", first.detail
+    if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
+        summary.fault_class, summary.explanation = first.what, first.detail
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
+    except (MemoryError, torch.cuda.OutOfMemoryError) as e:   # the verdict stands; say what did not fit
+        where = "GPU" if isinstance(e, torch.cuda.OutOfMemoryError) else "host"
+        summary.notes.append(f"localizer: not enough {where} memory to re-run the engine up to step {first.step} "
+                             "next to this run's; the verdict stands, unexplained")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
+        return
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
-        summary.notes.append(f"localizer failed: {type(e).__name__}: {e}")
+        summary.notes.append(f"localizer failed: {attribute(e).sentence()}")
         if first.detail:
             summary.fault_class, summary.explanation = first.what, first.detail
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
-    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+    if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
-    if first.what == "provenance" and loc.fault_class == "unexplained":
+    if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail

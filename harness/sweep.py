@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -70,11 +69,25 @@ def verdict(job: SettingJob, r: SettingResult) -> str:
     caught (diverged and named as its catalog entry says) | MISSED."""
     if r.usage_error:
         return "error"
+    if r.summary.get("verdict") in ("internal-error", "oracle-crash"):
+        return r.summary["verdict"]   # ddcheck could not judge this setting
     if r.summary.get("skipped"):
         return "skip"
     if job.expect_fault:
         return "caught" if expected_fault_caught(r.summary) else "MISSED"
     return "pass" if r.passed else "DIVERGE"
+
+
+def unjudged_lines(results: list["SettingResult"]) -> list[str]:
+    """One line per setting ddcheck could not judge (its own crash or the
+    oracle's): a sweep or gate with any exits 3."""
+    out = []
+    for r in results:
+        crash = r.summary.get("crash") or {}
+        if r.summary.get("verdict") in ("internal-error", "oracle-crash"):
+            who = "internal error (a bug in ddcheck)" if crash.get("side") == "ddcheck" else "the oracle raised"
+            out.append(f"ddcheck: {who}: {crash.get('error')} at {crash.get('where')} (setting: {r.setting})")
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,7 +108,7 @@ class SettingResult:
 def run_job(job: SettingJob) -> SettingResult:
     """One setting, in this process. Usage errors come back as data; an
     exception inside the engine is a failing setting (a crash is a finding)."""
-    from harness.check import CheckSummary, check, prepare, summary_record
+    from harness.check import CheckSummary, check, prepare, summary_record, write_crash_summary
     from harness.cli.common import USAGE_ERRORS
     from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
@@ -110,12 +123,14 @@ def run_job(job: SettingJob) -> SettingResult:
                              time.perf_counter() - t0)
     except USAGE_ERRORS as e:
         return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
-    try:
-        check(prepared, writer)
-    except Exception as e:  # noqa: BLE001  (the engine under test crashed)
-        last = traceback.format_exception_only(type(e), e)[-1].strip()
-        writer.lines = [ln for ln in writer.lines if json.loads(ln)["kind"] != "summary"]
-        writer.write({**summary_record(s, CheckSummary(setting=s.command())), "passed": False, "error": last})
+    except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
+        prepared = None
+        write_crash_summary(s, writer, e)
+    if prepared is not None:
+        try:
+            check(prepared, writer)
+        except Exception as e:  # noqa: BLE001  (check() keeps its crashes; one that escaped it, attributed)
+            write_crash_summary(s, writer, e)
     if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
         last_line = json.loads(writer.lines.pop())
         assert last_line["kind"] == "summary", "check() writes the summary last"
@@ -137,9 +152,9 @@ class Interrupted(Exception):
 
 
 def _worker_init() -> None:
+    _die_with_parent()        # first: importing torch takes seconds on a loaded machine
     import torch
     torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
-    _die_with_parent()
 
 
 def _die_with_parent() -> None:
@@ -152,7 +167,9 @@ def _die_with_parent() -> None:
         try:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         except OSError:
-            pass
+            return
+        if os.getppid() == 1:   # the parent died before the signal was armed
+            os._exit(1)
 
 
 def prepare_environment() -> None:

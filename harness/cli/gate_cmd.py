@@ -81,5 +81,8 @@ def gate(
     typer.echo(f"gate: {'PASS' if not failed else 'FAIL'}: {len(verdicts) - n_faults} settings, {n_faults} "
                f"expected faults, {len(failed)} failing, in {wall:.1f} s on {jobs or default_jobs()} jobs; "
                f"records {out}")
-    raise typer.Exit(1 if failed else 0)
+    from harness.sweep import unjudged_lines
+    for line in unjudged_lines(results):
+        typer.echo(line, err=True)
+    raise typer.Exit(3 if unjudged_lines(results) else 1 if failed else 0)
 

@@ -1,7 +1,6 @@
 """`ddcheck run`: one setting, compared per node, summarised."""
 from __future__ import annotations
 
-import traceback
 from pathlib import Path
 from typing import List, NoReturn, Optional
 
@@ -16,6 +15,7 @@ from harness.ports.attach import SettingSkipped
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
+from harness.calibrate import parse_noise_rule
 from harness.runner.prompt_sources import parse_prompt_lens
 from harness.runner.settings import RunSettings
 
@@ -60,6 +60,8 @@ def run(
                                                "file tokenized by the checkpoint's tokenizer.json"),
     verdict: str = typer.Option("auto", help="how nodes are judged: fixed (the dtype's tolerance), noise-floor (each "
                                 "node against its correct low-precision twin), auto (noise-floor for bf16/fp16)"),
+    noise_rule: Optional[str] = typer.Option(None, help="a calibrated noise floor MULTIPLIER,FLOOR,CEILING for a bf16/fp16 "
+                                             "run (`ddcheck calibrate` measures one)"),
     tf32: bool = typer.Option(False, help="float32 on CUDA: let Triton's dots run in TF32 (default: IEEE float32, "
                               "judged at the float32 tolerance; with --tf32 at the labelled tf32 one)"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
@@ -75,7 +77,8 @@ def run(
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
-                        oracle_device=oracle_device, verdict=verdict, tf32=tf32)
+                        oracle_device=oracle_device, verdict=verdict, tf32=tf32,
+                        noise_rule=parse_noise_rule(noise_rule))
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
@@ -84,6 +87,10 @@ def run(
         skipped(s, out, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    except typer.Exit:   # a side-by-side run ends the command itself
+        raise
+    except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
+        crashed(s, RecordWriter(out or default_out(s)), e)
     path = out or default_out(s)
     clear_stale(path, html)
     writer = RecordWriter(path)
@@ -92,14 +99,16 @@ def run(
         task = bar.add_task("verify", total=s.max_new_tokens * s.batch)
         try:
             summary = check(prepared, writer, lambda step, done: bar.update(task, completed=done))
-        except Exception as e:  # noqa: BLE001  (the engine under test crashed: a finding, not a usage error)
+        except Exception as e:  # noqa: BLE001  (check() keeps its own crashes; this one escaped it)
             crashed(s, writer, e)
     writer.commit()
     print_summary(Console(), summary, path)
     if html:
         from harness.report.html import write_report
         write_report([path], html)
-    raise typer.Exit(0 if summary.passed else 1)
+    if summary.crash:
+        typer.echo(crash_line(summary.crash, summary, path), err=True)
+    raise typer.Exit(EXIT_CODES[summary.verdict])
 
 
 def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
@@ -114,15 +123,30 @@ def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
     raise typer.Exit(0)
 
 
+# exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's)
+EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3}
+
+
+def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
+    """One stderr line, distinct per side."""
+    seen = summary.divergent_nodes + summary.stream_mismatches
+    before = f"; {seen} divergences recorded before it" if seen else ""
+    if crash["side"] == "ddcheck":
+        return (f"ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): {crash['error']} at "
+                f"{crash['where']}{before} (records: {path})")
+    if crash["side"] == "oracle":
+        return f"ddcheck: the oracle raised {crash['error']} at {crash['where']}{before} (records: {path})"
+    return f"ddcheck: the engine under test raised {crash['error']} at {crash['where']}{before} (records: {path})"
+
+
 def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
-    """Keep the records so far plus a failing summary naming the exception; exit 1."""
-    from harness.check import CheckSummary, summary_record
-    line = traceback.format_exception_only(type(e), e)[-1].strip()
-    writer.write({**summary_record(s, CheckSummary(setting=s.command())), "passed": False,
-                  "error": traceback.format_exc()})
+    """An exception check() did not keep: the records so far, a crash record
+    naming the side, a failing summary; exit by its verdict."""
+    from harness.check import write_crash_summary
+    summary = write_crash_summary(s, writer, e)
     writer.commit()
-    typer.echo(f"ddcheck: the engine under test raised {line} (records: {writer.path})", err=True)
-    raise typer.Exit(1)
+    typer.echo(crash_line(summary.crash, summary, writer.path), err=True)
+    raise typer.Exit(EXIT_CODES[summary.verdict])
 
 
 def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
@@ -157,7 +181,7 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("first divergence", "none")
     elif f.what == "accept":
         t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
-    elif f.what in ("tree", "accept-ref"):
+    elif f.what in ("tree", "accept-ref", "crash"):
         t.add_row("first divergence", f"{f.what}: {f.detail}")
     elif f.what in ("config", "weights"):
         t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
@@ -177,6 +201,9 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("localized", f"[bold]{escape(str(summary.fault_class))}[/]: {escape(summary.explanation)}")
     for note in summary.notes:
         t.add_row("note", escape(note))
-    t.add_row("verdict", "[green]PASS[/]" if summary.passed else "[red]DIVERGE[/]")
+    if summary.crash:
+        t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
+    t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
+                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
     console.print(t)
     typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

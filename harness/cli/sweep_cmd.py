@@ -16,11 +16,11 @@ from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_st
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.report.model import describe_first
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
-                           verdict, with_impls, write_jsonl)
+                           unjudged_lines, verdict, with_impls, write_jsonl)
 
 # the summary table's verdicts (harness.sweep.verdict); caught is an expected fault, not a failure
 VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
-                   "error": "red"}
+                   "error": "red", "internal-error": "red", "oracle-crash": "red"}
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
@@ -174,10 +174,13 @@ def sweep(
         from harness.report.html import write_report
         write_report([out], html)
         typer.echo(f"report: {html}")
+    unjudged = unjudged_lines(results)
+    for line in unjudged:
+        typer.echo(line, err=True)
     failing = sum(not r.passed for r in results)
-    typer.echo(f"sweep: {'PASS' if not failing else 'FAIL'}: {len(results)} settings, {failing} failing; "
-               f"records {out}")
-    raise typer.Exit(0 if not failing else 1)
+    state = "UNJUDGED" if unjudged else "PASS" if not failing else "FAIL"
+    typer.echo(f"sweep: {state}: {len(results)} settings, {failing} failing; records {out}")
+    raise typer.Exit(3 if unjudged else 0 if not failing else 1)
 
 
 def _flag(name: str) -> str:

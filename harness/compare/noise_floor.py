@@ -60,12 +60,15 @@ NOISE_FLOOR = {
 VERDICTS = ("auto", "fixed", "noise-floor")
 
 
-def verdict_rule(dtype: str, verdict: str, tolerance_given: bool) -> NoiseFloorRule | None:
+def verdict_rule(dtype: str, verdict: str, tolerance_given: bool,
+                 calibrated: tuple[float, float, float] | None = None) -> NoiseFloorRule | None:
     """The noise-floor rule a run is judged by, or None for the fixed table.
-    auto: noise-floor for bf16 and fp16 unless a tolerance was given."""
+    auto: noise-floor for bf16 and fp16 unless a tolerance was given;
+    `calibrated` (multiplier, floor, ceiling: `ddcheck calibrate`, a case's
+    [tolerances]) replaces the measured defaults above."""
     if verdict == "fixed" or (verdict == "auto" and (tolerance_given or dtype not in NOISE_FLOOR)):
         return None
     if dtype not in NOISE_FLOOR:
         raise ValueError(f"--verdict noise-floor is for bfloat16 and float16 runs; {dtype} is judged by the "
                          "fixed table")
-    return NOISE_FLOOR[dtype]
+    return NoiseFloorRule(*calibrated) if calibrated else NOISE_FLOOR[dtype]

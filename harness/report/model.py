@@ -167,9 +167,14 @@ def group(paths: list[Path]) -> list[SettingView]:
 
 def describe_first(summary: dict) -> str:
     """One line for a summary record's first divergence."""
-    if summary.get("error"):
-        return f"crash: {summary['error']}"
     f = summary.get("first")
+    crash = summary.get("crash") or {}
+    if summary.get("error") and (not f or f.get("what") == "crash"):
+        where = f" at {crash['where']}" if crash.get("where") else ""
+        return f"crash ({crash.get('side', 'engine')}): {summary['error']}{where}"
+    if f and crash:   # the divergence came first; the crash after it is said too
+        return f"{describe_first({k: v for k, v in summary.items() if k not in ('crash', 'error')})}; then " \
+               f"crash ({crash.get('side')}): {crash.get('error')}"
     if not f and summary.get("first_finding"):
         return f"audit: {summary['first_finding']}"
     if not f:

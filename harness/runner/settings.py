@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from harness.compare.noise_floor import NOISE_FLOOR, VERDICTS
+from harness.compare.noise_floor import NOISE_FLOOR, VERDICTS, NoiseFloorRule
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -60,6 +60,7 @@ class RunSettings:
     prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
     verdict: str = "auto"           # fixed | noise-floor | auto (harness/compare/noise_floor.py)
     tf32: bool = False              # float32 on CUDA: let Triton's dots use TF32 (judged at the tf32 tolerance)
+    noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
@@ -79,6 +80,10 @@ class RunSettings:
                   (self.verdict != "noise-floor" or self.tolerance is None,
                    "--tolerance is the fixed verdict's bound; --verdict noise-floor judges each node against its "
                    "twin: give one"),
+                  (self.noise_rule is None or (self.dtype in NOISE_FLOOR and self.verdict != "fixed"
+                                               and _valid_rule(self.noise_rule)),
+                   f"--noise-rule needs a bfloat16 or float16 run not judged --verdict fixed, and multiplier >= 1, "
+                   f"0 < floor < ceiling < 1; got {self.noise_rule} for {self.dtype}"),
                   (self.verdict in VERDICTS, f"--verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}"),
                   (self.verdict != "noise-floor" or self.dtype in NOISE_FLOOR,
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
@@ -126,6 +131,8 @@ class RunSettings:
             parts.append("--tf32")
         if self.verdict != "auto":
             parts.append(f"--verdict {self.verdict}")
+        if self.noise_rule is not None:
+            parts.append("--noise-rule " + ",".join(f"{x:g}" for x in self.noise_rule))
         if self.oracle_device != "auto":
             parts.append(f"--oracle-device {self.oracle_device}")
         if self.case:
@@ -135,6 +142,14 @@ class RunSettings:
         if self.prompt_lens:
             parts.append(f"--prompt-len {','.join(map(str, self.prompt_lens))}")
         return " ".join(parts)
+
+
+def _valid_rule(rule) -> bool:
+    try:
+        NoiseFloorRule(*rule)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _is_cuda_index(device: str) -> bool:

@@ -1,0 +1,56 @@
+"""`ddcheck calibrate CASE`: measure the fault-free error distribution of a
+case's settings and write the tolerances it supports into the case file."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from harness.cli import app
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
+
+
+@app.command()
+def calibrate(
+    case: Path = typer.Argument(..., help="the case file whose fault-free matrix is measured (and rewritten)"),
+    model: Optional[str] = typer.Option(None, help="measure this model instead of the case's (preset or checkpoint)"),
+    out: Optional[Path] = typer.Option(None, help="write the calibrated case here (default: the case file itself)"),
+) -> None:
+    """Run the case's fault-free settings, print the per-dtype error distribution
+    and write [tolerances] (a noise floor for bf16/fp16, a fixed one for float32)."""
+    from dataclasses import replace
+    from harness.calibrate import calibration_settings, measure, write_tolerances
+    from harness.cases import load_case
+    err = Console(stderr=True)
+    try:
+        check_outputs(out=out)
+        c = load_case(case)
+        settings = calibration_settings(c)
+        if model is not None:
+            settings = [replace(s, model=model) for s in settings]
+        if not settings:
+            raise ValueError(f"calibrate: {case} has no fault-free setting to measure")
+        from harness.check import prepare
+        prepare(settings[0])   # bad model input is a usage error before any measuring
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    result = measure(settings, lambda i, s, summ: err.print(
+        f"[{i + 1}/{len(settings)}] {s.dtype} b{s.budget} k{s.topk} bs{s.batch}: {summ.nodes_checked} nodes, "
+        f"max err {summ.max_rel_err:.2e}" + (f", max ratio {summ.max_noise_ratio:.2f}" if summ.max_noise_ratio else "")))
+    t = Table(title=f"calibration of {case}")
+    for col in ("dtype", "settings", "nodes", "p99 error", "max error", "max e/e_twin", "written"):
+        t.add_column(col)
+    for r in result:
+        t.add_row(r.dtype, str(r.settings), str(r.nodes), f"{r.p99_rel_err:.2e}", f"{r.max_rel_err:.2e}",
+                  "-" if r.max_noise_ratio is None else f"{r.max_noise_ratio:.2f}", r.toml())
+    Console().print(t)
+    if any(r.failed for r in result):
+        typer.echo("calibrate: some fault-free settings diverged under the default rule; nothing written "
+                   "(a divergence is not noise: run them and look)", err=True)
+        raise typer.Exit(1)
+    target = out or case
+    write_tolerances(case, result, target)
+    typer.echo(f"wrote [tolerances] to {target}")

@@ -1,0 +1,51 @@
+"""`ddcheck reduce`: the smallest setting that still fails, as a case file and a repro script."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from harness.cli import app
+from harness.cli.common import USAGE_ERRORS, fail_usage
+
+
+def default_out(records: Path) -> Path:
+    return Path("reports") / f"reduce-{records.stem}"
+
+
+def check_out_dir(out: Path) -> None:
+    """DIR is a directory or can be made one, before any work."""
+    import os
+    from harness.runner.settings import UsageError
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is not a directory")
+    parent = out
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: {parent} is not writable")
+
+
+@app.command()
+def reduce(
+    records: Path = typer.Argument(..., help="a failing run's records (JSONL); its first failing summary is reduced"),
+    out: Optional[Path] = typer.Option(None, help="directory for case.toml and repro.py (default reports/reduce-<name>)"),
+) -> None:
+    """Find the smallest setting that still fails as the recorded run did (fewest requests, tokens, layers,
+    shortest prompt, smallest budget and topk) and write DIR/case.toml and DIR/repro.py; exit 0 when written,
+    2 on usage (a bad path, records with no failing run, a setting that no longer fails)."""
+    from harness.reduce import reduce_records
+    out = out or default_out(records)
+    try:
+        check_out_dir(out)
+        result = reduce_records(records, out, lambda line: typer.echo(line))
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    s = result.reduced.settings
+    typer.echo(f"reduced: {s.command()}")
+    typer.echo(f"  {result.reduced.layers} layers, prompt lengths {[len(p.tokens) for p in result.reduced.prompts]}; "
+               f"first divergence: {result.first}" + (f" [{result.fault_class}]" if result.fault_class else ""))
+    typer.echo(f"wrote {out / 'case.toml'} and {out / 'repro.py'} (python {out / 'repro.py'}: exit 1 while it diverges)")
