@@ -178,6 +178,8 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
                              f"(vocab_size {cfg.vocab_size})")
+    if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
+        raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     twin = None
     if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:

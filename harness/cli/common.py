@@ -28,6 +28,27 @@ def exit_usage(e: Exception) -> NoReturn:
     sys.exit(2)
 
 
+MAX_JOBS = 256      # worker processes of a sweep or gate (each holds a model and an oracle)
+MAX_THREADS = 1024  # DDCHECK_THREADS: torch intra-op threads
+
+
+def check_jobs(jobs: int) -> None:
+    if not 0 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be in [0, {MAX_JOBS}] (0: one per core), got {jobs}")
+
+
+def threads_from_env(environ) -> int:
+    """DDCHECK_THREADS (default 1): a whole number of torch threads in [1, MAX_THREADS]."""
+    raw = environ.get("DDCHECK_THREADS", "1")
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise UsageError(f"DDCHECK_THREADS must be a whole number in [1, {MAX_THREADS}], got {raw!r}")
+    return n
+
+
 def pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,6 +87,20 @@ def check_outputs(**paths) -> None:
             raise UsageError(f"{name} {p}: {parent} is not a directory")
         if not os.access(parent, os.W_OK | os.X_OK):
             raise UsageError(f"{name} {p}: {parent} is not writable")
+
+
+def clear_stale(*paths) -> None:
+    """When a command's work starts (every input checked): outputs of the same
+    name from an earlier run are removed, with any temporary file beside them,
+    so a run killed half-way never leaves the previous run's "passed": true,
+    JUnit or HTML in place of its own."""
+    from pathlib import Path
+    for path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        p.unlink(missing_ok=True)
+        p.with_name(f".{p.name}.tmp").unlink(missing_ok=True)
 
 
 def write_text_atomic(path, text: str) -> None:

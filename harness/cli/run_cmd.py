@@ -13,7 +13,7 @@ from rich.table import Table
 from harness.check import CheckSummary, check, prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
 from harness.calibrate import parse_noise_rule
 from harness.runner.prompt_sources import parse_prompt_lens
@@ -92,6 +92,7 @@ def run(
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
         crashed(s, RecordWriter(out or default_out(s)), e)
     path = out or default_out(s)
+    clear_stale(path, html)
     writer = RecordWriter(path)
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -204,5 +205,5 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
                           "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
-    t.add_row("records", str(path))
     console.print(t)
+    typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

@@ -52,6 +52,29 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
                               float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
 
 
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZE_KEYS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _check_sizes(hf: dict) -> None:
+    """Sizes are positive integers and the head layout divides, before anything
+    divides by them (issue 12: num_attention_heads 0 ended in ZeroDivisionError)."""
+    for key in SIZE_KEYS + OPTIONAL_SIZE_KEYS:
+        if key not in hf or (key in OPTIONAL_SIZE_KEYS and hf[key] is None):
+            continue
+        v = hf[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelLoadError(f"config.json: {key} must be a positive integer, got {v!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        v = hf.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf")):
+            raise ModelLoadError(f"config.json: {key} must be a positive number, got {v!r}")
+    if "head_dim" not in hf and "hidden_size" in hf and "num_attention_heads" in hf \
+            and hf["hidden_size"] % hf["num_attention_heads"]:
+        raise ModelLoadError(f"config.json: hidden_size {hf['hidden_size']} is not a multiple of "
+                             f"num_attention_heads {hf['num_attention_heads']} (and no head_dim is given)")
+
+
 def config_from_hf(hf: dict) -> ModelConfig:
     """Raises ModelLoadError for an unsupported architecture, a math-changing
     key the engine does not implement or impossible values, KeyError for a
@@ -68,6 +91,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     flags = dict(implied)
     if reads_bias and hf.get("attention_bias"):
         flags.update(qkv_bias=True, o_bias=True)  # Llama and Qwen3: bias on q, k, v and o
+    _check_sizes(hf)
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
     fields = dict(

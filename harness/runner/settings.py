@@ -15,6 +15,23 @@ class UsageError(ValueError):
     """Bad input from the user: one line, exit code 2."""
 
 
+# The largest value each numeric option takes (issue 12: --block-size 100000 was
+# accepted and ran for minutes). Far above any setting DDTree is run at, low
+# enough that a run of it ends; case files and sweep lists are held to the same.
+LIMITS = {"budget": 1024, "topk": 64, "block_size": 64, "batch": 256, "max_new_tokens": 8192,
+          "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1}
+
+
+def within_limit(name: str, value: int, minimum: int) -> str | None:
+    """None when `minimum <= value <= LIMITS[name]`, else the one-line complaint."""
+    flag = "--" + name.replace("_", "-")
+    if value < minimum:
+        return f"{flag} must be >= {minimum}, got {value}"
+    if value > LIMITS[name]:
+        return f"{flag} must be <= {LIMITS[name]}, got {value}"
+    return None
+
+
 @dataclass(frozen=True)
 class RunSettings:
     budget: int = 16
@@ -46,21 +63,23 @@ class RunSettings:
     noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
 
     def __post_init__(self) -> None:
-        checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
-                  (self.topk >= 1, f"--topk must be >= 1, got {self.topk}"),
-                  (self.block_size >= 2, f"--block-size must be >= 2, got {self.block_size}"),
-                  (self.batch >= 1, f"--batch must be >= 1, got {self.batch}"),
-                  (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+        bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
+                   (("budget", 1), ("topk", 1), ("block_size", 2), ("batch", 1), ("max_new_tokens", 1),
+                    ("seed", 0), ("stop_after", 0))]
+        bounded.append(None if self.eos_id is None else within_limit("eos_id", self.eos_id, 0))
+        checks = [(msg is None, msg) for msg in bounded] + [
                   (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
                   (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
-                  (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}"),
-                  (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}"),
                   (sum(x is not None for x in (self.case, self.prompt_file, self.prompt_lens)) <= 1,
                    "--case, --prompt-file and --prompt-len each choose the prompts: give one"),
                   (not self.tf32 or self.dtype == "float32", "--tf32 only changes float32 runs"),
+                  (not self.tf32 or self.device.startswith("cuda"), "--tf32 only changes float32 runs on CUDA"),
+                  (self.verdict != "noise-floor" or self.tolerance is None,
+                   "--tolerance is the fixed verdict's bound; --verdict noise-floor judges each node against its "
+                   "twin: give one"),
                   (self.noise_rule is None or (self.dtype in NOISE_FLOOR and self.verdict != "fixed"
                                                and _valid_rule(self.noise_rule)),
                    f"--noise-rule needs a bfloat16 or float16 run not judged --verdict fixed, and multiplier >= 1, "
