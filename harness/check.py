@@ -350,6 +350,7 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
     summary.load_mismatches = len(p.load_mismatches)
     summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
     summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    summary.stage, summary.quantity = "load", first.what   # the loader produced the first wrong quantity
     writer.write(summary_record(p.settings, summary))
     return summary
 
