@@ -40,12 +40,12 @@ def faults(
     """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
     from harness.faults.registry import catalog
     if not check:   # options of the self-check alone would be silently ignored: a usage error instead
-        given = [flag for flag, v in (("--seeds", seeds), ("--fault-seeds", fault_seeds), ("--quick", quick or None),
-                                      ("--json", json_out), ("--impl", impl), ("--device", None if device == "auto"
-                                                                                  else device),
-                                      ("--backend", None if backend == "torch" else backend)) if v is not None]
-        if given:
-            fail_usage(ValueError(f"{given[0]} only applies to the self-check: add --check"))
+        given = {"--seeds": seeds is not None, "--fault-seeds": fault_seeds is not None, "--quick": quick,
+                 "--json": json_out is not None, "--impl": impl is not None, "--device": device != "auto",
+                 "--backend": backend != "torch"}
+        first = next((flag for flag, on in given.items() if on), None)
+        if first:
+            fail_usage(ValueError(f"{first} only applies to the self-check: add --check"))
     seeds, fault_seeds = 5 if seeds is None else seeds, 1 if fault_seeds is None else fault_seeds
     cat = catalog()
     unknown = [n for n in only or [] if n not in cat]
