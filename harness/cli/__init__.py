@@ -32,7 +32,12 @@ def main() -> None:
     # (measured: --batch 4 ran 2x faster on 1 thread than on 2). Sweeps use processes.
     import os
     import torch
-    torch.set_num_threads(int(os.environ.get("DDCHECK_THREADS", "1")))
+    from harness.cli.common import threads_from_env
+    try:
+        threads = threads_from_env(os.environ)
+    except USAGE_ERRORS as e:
+        exit_usage(e)
+    torch.set_num_threads(threads)
     _register()
     try:
         app(standalone_mode=True)

@@ -10,7 +10,27 @@ import typer
 from harness.attn.base import BackendUnavailable
 from harness.model.presets import ModelLoadError
 from harness.oracle_lookup import OracleUnavailable
-from harness.runner.settings import UsageError
+from harness.runner.settings import UsageError, check_limit
+
+# worker processes of a sweep or gate (0: one per core); each holds a model (~0.5 GB), so more than this is no plan
+JOBS_MAX = 256
+# torch intra-op threads (DDCHECK_THREADS)
+THREADS_MAX = 1024
+
+
+def check_jobs(jobs: int) -> None:
+    check_limit("--jobs", jobs, 0, JOBS_MAX)
+
+
+def threads_from_env(environ) -> int:
+    """DDCHECK_THREADS (default 1): an integer in [1, THREADS_MAX], else a UsageError."""
+    raw = environ.get("DDCHECK_THREADS", "1")
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        raise UsageError(f"DDCHECK_THREADS must be an integer, got {raw!r}") from None
+    check_limit("DDCHECK_THREADS", n, 1, THREADS_MAX)
+    return n
 
 # usage or environment errors: one line on stderr, exit 2, nothing written
 USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailable)

@@ -11,6 +11,10 @@ from rich.table import Table
 
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_device, write_text_atomic
+from harness.runner.settings import check_limit
+
+# seeds of the fault-free matrix / per fault: each seed is a full matrix of runs
+SEEDS_MAX = 1000
 
 
 def _flags(s) -> str:
@@ -47,9 +51,9 @@ def faults(
                 t.add_row(f.name, f.shows_when, f.breaks, f.expected_class)
         Console().print(t)
         return
-    if seeds < 1 or fault_seeds < 1:
-        fail_usage(ValueError("--seeds and --fault-seeds must be >= 1"))
     try:
+        check_limit("--seeds", seeds, 1, SEEDS_MAX)
+        check_limit("--fault-seeds", fault_seeds, 1, SEEDS_MAX)
         check_outputs(json=json_out)
     except USAGE_ERRORS as e:
         fail_usage(e)

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, write_text_atomic
+from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, fail_usage, write_text_atomic
 from harness.runner.settings import UsageError
 
 
@@ -49,8 +49,7 @@ def gate(
     t0 = time.perf_counter()
     try:
         check_outputs(out=out, junit=junit, json=json_out, html=html)
-        if jobs < 0:
-            raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        check_jobs(jobs)
         if fault is not None and fault not in catalog():
             raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
         on = pick_case_device(device)

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, fail_usage, pick_backend, pick_device
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
@@ -122,8 +122,7 @@ def sweep(
     """Check every setting of a matrix; exit 0 all match, 1 any divergence, 2 usage."""
     try:
         check_outputs(out=out, html=html)
-        if jobs < 0:
-            raise UsageError(f"--jobs must be >= 0, got {jobs}")
+        check_jobs(jobs)
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
                         "batch": batch, "dtype": dtype}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,

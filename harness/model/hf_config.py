@@ -15,6 +15,12 @@ SUPPORTED_ARCHS = {"LlamaForCausalLM": ({}, True, 2048),
                    "Qwen2ForCausalLM": ({"qkv_bias": True}, False, 32768),
                    "Qwen3ForCausalLM": ({"qk_norm": True}, True, 32768)}
 
+# the size keys the engine reads: each a positive integer; a config beyond these describes no model that
+# loads here (the layer count bounds the weight names listed per layer)
+SIZE_KEYS = {"vocab_size": 1 << 24, "hidden_size": 1 << 20, "intermediate_size": 1 << 22, "num_hidden_layers": 1024,
+             "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 4096,
+             "max_position_embeddings": 1 << 24}
+
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -40,6 +46,21 @@ def _refusals(hf: dict, arch: str) -> list[str]:
     return found
 
 
+def _impossible_size(hf: dict) -> str | None:
+    """The first size key that is present and not an integer in [1, its bound] (null for an optional key is
+    HF's "absent"); checked before any arithmetic, so num_attention_heads 0 is a refusal, not a division by zero."""
+    for key, high in SIZE_KEYS.items():
+        if key not in hf or (hf[key] is None and key in ("num_key_value_heads", "head_dim", "max_position_embeddings")):
+            continue
+        v = hf[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
+            return f"{key} must be an integer in [1, {high}], got {v!r}"
+    for key in ("rope_scaling", "rope_parameters"):
+        if hf.get(key) is not None and not isinstance(hf[key], dict):
+            return f"{key} must be an object, got {hf[key]!r}"
+    return None
+
+
 def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
     rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0)
@@ -61,6 +82,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+    impossible = _impossible_size(hf)
+    if impossible:
+        raise ModelLoadError(f"config.json describes no valid model: {impossible}")
     refused = _refusals(hf, arch)
     if refused:
         raise ModelLoadError(f"config.json sets {refused[0]}, which changes the math and is not supported")

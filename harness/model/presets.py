@@ -90,8 +90,8 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         raise ModelLoadError(f"--model {path}: config.json lacks {e}") from None
     except ModelLoadError as e:
         raise ModelLoadError(f"--model {path}: {e}") from None
-    except ValueError as e:  # not JSON, not UTF-8
-        raise ModelLoadError(f"--model {path}: bad config.json ({e})") from None
+    except (ValueError, TypeError, RecursionError) as e:  # not JSON, not UTF-8, a key of the wrong type
+        raise ModelLoadError(f"--model {path}: bad config.json ({type(e).__name__}: {e})") from None
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     weights: dict[str, torch.Tensor] = {}

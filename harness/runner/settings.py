@@ -15,6 +15,26 @@ class UsageError(ValueError):
     """Bad input from the user: one line, exit code 2."""
 
 
+# Inclusive bounds on each numeric run option. Beyond them a run takes hours
+# (a 100000-token block is 100000 dense greedy steps before the first verify)
+# or no DDTree deployment uses the value (SGLang's DDTree budgets are tens of
+# nodes, DFlash blocks 16 tokens); the seed is a 32-bit integer as every
+# seeded generator takes one.
+LIMITS = {"budget": (1, 1024), "topk": (1, 64), "block_size": (2, 128), "batch": (1, 256),
+          "max_new_tokens": (1, 8192), "seed": (0, 2**32 - 1), "stop_after": (0, 100_000),
+          "eos_id": (0, 2**31 - 1)}
+
+
+def check_limit(flag: str, value: int, low: int, high: int) -> None:
+    """`value` within [low, high], else a UsageError naming the flag."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{flag} must be an integer, got {value!r}")
+    if value < low:
+        raise UsageError(f"{flag} must be >= {low}, got {value}")
+    if value > high:
+        raise UsageError(f"{flag} must be <= {high}, got {value}")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     budget: int = 16
@@ -46,18 +66,14 @@ class RunSettings:
     noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
 
     def __post_init__(self) -> None:
-        checks = [(self.budget >= 1, f"--budget must be >= 1, got {self.budget}"),
-                  (self.topk >= 1, f"--topk must be >= 1, got {self.topk}"),
-                  (self.block_size >= 2, f"--block-size must be >= 2, got {self.block_size}"),
-                  (self.batch >= 1, f"--batch must be >= 1, got {self.batch}"),
-                  (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
-                  (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+        for name, (low, high) in LIMITS.items():
+            if getattr(self, name) is not None:
+                check_limit("--" + name.replace("_", "-"), getattr(self, name), low, high)
+        checks = [(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
                   (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
-                  (self.eos_id is None or self.eos_id >= 0, f"--eos-id must be >= 0, got {self.eos_id}"),
-                  (self.stop_after >= 0, f"--stop-after must be >= 0, got {self.stop_after}"),
                   (sum(x is not None for x in (self.case, self.prompt_file, self.prompt_lens)) <= 1,
                    "--case, --prompt-file and --prompt-len each choose the prompts: give one"),
                   (not self.tf32 or self.dtype == "float32", "--tf32 only changes float32 runs"),
