@@ -258,10 +258,18 @@ def _noise_rule(path: Path, dtype: str, table: dict) -> tuple[float, float, floa
 def load_case(path: Path) -> Case:
     """Parse and validate one case file; raises CaseError."""
     path = Path(path)
+    if path.is_dir():
+        raise CaseError(f"{path}: is a directory, not a case file (`ddcheck cases --directory {path}` lists the ones in it)")
     try:
-        doc = tomllib.loads(path.read_text())
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CaseError(f"{path}: no such case file (`ddcheck cases` lists them)") from None
+    except OSError as e:
+        raise CaseError(f"{path}: cannot read the case file ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:
+        raise CaseError(f"{path}: not UTF-8 text (byte {e.start}), so not a TOML case file") from None
+    except RecursionError:
+        raise CaseError(f"{path}: nested too deeply to be a case file") from None
     except tomllib.TOMLDecodeError as e:
         raise CaseError(f"{path}: not valid TOML ({e})") from None
     _check_keys(path, doc, _TOP_KEYS, "")

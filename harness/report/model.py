@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.compare.tolerance import REL_TOL
+from harness.report.shapes import shape_error
 
 
 class ReportInputError(ValueError):
@@ -71,10 +72,16 @@ def expected_fault_caught(summary: dict) -> bool:
 
 
 def read_jsonl(path: Path) -> list[dict]:
+    """The records of one JSONL file; ReportInputError (exit 2, one line) for a file that is not readable
+    UTF-8 JSON lines, a line nested too deeply to parse, or a record field of a type the report cannot read."""
+    if Path(path).is_dir():
+        raise ReportInputError(f"{path}: is a directory, not a records file")
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise ReportInputError(f"{path}: cannot read ({e.strerror})") from None
+        raise ReportInputError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    except UnicodeDecodeError as e:
+        raise ReportInputError(f"{path}: not UTF-8 text (byte {e.start}), so not JSON lines") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -83,8 +90,13 @@ def read_jsonl(path: Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise ReportInputError(f"{path}: line {n}: not JSON ({e.msg})") from None
+        except RecursionError:
+            raise ReportInputError(f"{path}: line {n}: nested too deeply to be a ddcheck record") from None
         if not isinstance(rec, dict) or "kind" not in rec:
             raise ReportInputError(f"{path}: line {n}: not a ddcheck record (no 'kind')")
+        bad = shape_error(rec)
+        if bad:
+            raise ReportInputError(f"{path}: line {n}: not a ddcheck record ({bad})")
         out.append(rec)
     return out
 
