@@ -99,3 +99,16 @@ def write_text_atomic(path, text: str) -> None:
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def clear_stale(**paths) -> None:
+    """Once every input is accepted, before any work: remove an earlier output of each name (flag name -> path
+    or None), so a run killed from now on leaves no previous verdict ("passed": true) under the name."""
+    from pathlib import Path
+    for path in paths.values():
+        if path is None:
+            continue
+        p = Path(path)
+        for old in (p, p.with_name(f".{p.name}.tmp")):
+            if old.is_symlink() or old.is_file():
+                old.unlink(missing_ok=True)

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, fail_usage, write_text_atomic
+from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, write_text_atomic
 from harness.runner.settings import UsageError
 
 
@@ -58,6 +58,7 @@ def gate(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    clear_stale(out=out, junit=junit, json=json_out, html=html)
     results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
     wall = time.perf_counter() - t0
     verdicts = judge(job_list, results)

@@ -13,7 +13,7 @@ from rich.table import Table
 from harness.check import CheckSummary, check, prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.records import RecordWriter
 from harness.calibrate import parse_noise_rule
 from harness.runner.prompt_sources import parse_prompt_lens
@@ -84,14 +84,17 @@ def run(
             run_side_by_side(s, impl, out, html)
         prepared = prepare(s)
     except SettingSkipped as e:
+        clear_stale(html=html)
         skipped(s, out, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
     except typer.Exit:   # a side-by-side run ends the command itself
         raise
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
+        clear_stale(html=html)
         crashed(s, RecordWriter(out or default_out(s)), e)
     path = out or default_out(s)
+    clear_stale(out=path, html=html)
     writer = RecordWriter(path)
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
@@ -135,6 +135,7 @@ def sweep(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    clear_stale(out=out, html=html)
     results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
     write_jsonl(results, out)
     print_frame(job_list, results)
