@@ -1,5 +1,7 @@
-"""`ddcheck` command line. Every command exits 0 (all match), 1 (divergence)
-or 2 (usage or environment error, one line on stderr, nothing written)."""
+"""`ddcheck` command line. Every command exits 0 (all match), 1 (divergence),
+2 (usage or environment error, one line on stderr, nothing written), 3
+(ddcheck's own error, or the oracle's) or 130 (interrupted); docs/RECORDS.md,
+"Exit codes"."""
 from __future__ import annotations
 
 import sys
