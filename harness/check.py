@@ -427,7 +427,7 @@ def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, su
     if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
         verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
     tol = summary.max_node_bound if p.rule is not None else p.tolerance  # the nodes' own scale, not the ceiling
-    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting)))
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting, s.eos_id)))
     for what, v in verdicts:
         if v is None:
             continue
@@ -527,15 +527,25 @@ def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> 
     for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
         got = r.emitted[:n]
         ref, gaps = p.oracle.greedy(ids, len(got) if summary.stopped_early else n)
+        ref = cut_stream(ref, p.settings.eos_id)
         first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
         verdict = "match"
         if first is not None:
             verdict = "near-tie" if gaps[first] <= tie else "diverge"
+        elif len(got) != len(ref):   # one side went on past a stop the other made: no tie explains that
+            first, verdict = min(len(got), len(ref)), "diverge"
         if verdict == "diverge":
             summary.stream_mismatches += 1
             if summary.first is None:
                 summary.first = FirstDivergence(-1, r.rid, first, None, False, None, "stream")
         writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting))
+
+
+def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:
+    """A greedy stream ended at its first end-of-sequence token (kept)."""
+    if eos_id is None or eos_id not in tokens:
+        return tokens
+    return tokens[:tokens.index(eos_id) + 1]
 
 
 def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
@@ -561,6 +571,13 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
+    except (MemoryError, torch.cuda.OutOfMemoryError) as e:   # the verdict stands; say what did not fit
+        where = "GPU" if isinstance(e, torch.cuda.OutOfMemoryError) else "host"
+        summary.notes.append(f"localizer: not enough {where} memory to re-run the engine up to step {first.step} "
+                             "next to this run's; the verdict stands, unexplained")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
+        return
     except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
         summary.notes.append(f"localizer failed: {attribute(e).sentence()}")
         if first.detail:
@@ -568,7 +585,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
-    if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
+    if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
-    if first.what == "provenance" and loc.fault_class == "unexplained":
+    if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail

@@ -44,11 +44,11 @@ def faults(
         fail_usage(ValueError(f"unknown fault {unknown[0]!r}; `ddcheck faults` lists them"))
     if not check:
         t = Table(title="fault catalog (ddcheck run --fault NAME)")
-        for col in ("fault", "shows when", "breaks", "class"):
+        for col in ("fault", "shows when", "breaks", "class", "source"):
             t.add_column(col, overflow="fold")
         for f in cat.values():
             if not only or f.name in only:
-                t.add_row(f.name, f.shows_when, f.breaks, f.expected_class)
+                t.add_row(f.name, f.shows_when, f.breaks, f.expected_class, f.source or "-")
         Console().print(t)
         return
     try:

@@ -79,26 +79,33 @@ def _show(paths: list[tuple[int, ...]]) -> str:
     return "none" if not paths else ", ".join(f"depth {len(p)} path {list(p)}" for p in paths)
 
 
-def check_acceptance(rs, ref_logits: torch.Tensor, oracle, tol: float, setting: str) -> Verdict | None:
-    """ref_logits  # [num_rows, vocab] float64, the oracle's logits of the engine's tree."""
+def check_acceptance(rs, ref_logits: torch.Tensor, oracle, tol: float, setting: str,
+                     eos_id: int | None = None) -> Verdict | None:
+    """ref_logits  # [num_rows, vocab] float64, the oracle's logits of the engine's tree.
+    eos_id: the oracle's walk ends at an accepted row of that token, which becomes the bonus."""
     parents = [-1] + [int(x) for x in rs.tree.parents[1:]]
     ref = oracle.acceptance(list(rs.tree.tokens), parents, ref_logits)
-    got, want = list(rs.acceptance.rows), list(ref.rows)
-    if got == want and rs.acceptance.bonus == ref.bonus:
+    got, want, want_bonus = list(rs.acceptance.rows), list(ref.rows), ref.bonus
+    stop = next((j for j in range(1, len(want)) if rs.tree.tokens[want[j]] == eos_id), None)
+    if eos_id is not None and stop is not None:
+        want, want_bonus = want[:stop], eos_id
+    if got == want and rs.acceptance.bonus == want_bonus:
         return None
     common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     row = want[common - 1]  # the last row both walks reached: where they decided differently
     gap = ref.gaps[common - 1]
     band = 2 * tol * max(float(ref_logits[row].abs().max()), 1.0)
     tie = gap <= band
-    how = ("stops early" if len(got) < len(want) and got == want[:len(got)] else
+    how = ("goes on past the end-of-sequence token" if stop is not None and len(got) > len(want)
+           and want == got[:len(want)] else
+           "stops early" if len(got) < len(want) and got == want[:len(got)] else
            "walks too far" if len(got) > len(want) and want == got[:len(want)] else
            "takes another bonus" if got == want else "takes another branch")
     sentence = (f"step {rs.step}, request {rs.rid}: the engine's walk {how} at row {row}: it accepts rows {got} "
                 f"(bonus {rs.acceptance.bonus}), the oracle's greedy walk over the same tree accepts {want} "
-                f"(bonus {ref.bonus}); the oracle's top-2 gap there is {gap:.3g}")
+                f"(bonus {want_bonus}); the oracle's top-2 gap there is {gap:.3g}")
     record = {"kind": "accept-ref", "setting": setting, "step": rs.step, "request": rs.rid,
               "engine_rows": got, "reference_rows": want, "engine_bonus": rs.acceptance.bonus,
-              "reference_bonus": ref.bonus, "row": row, "ref_gap": gap, "tie_band": band,
+              "reference_bonus": want_bonus, "row": row, "ref_gap": gap, "tie_band": band,
               "verdict": "near-tie" if tie else "diverge"}
     return Verdict(record, not tie, sentence)

@@ -33,3 +33,14 @@ def greedy_walk(tree: DraftTree, predicts: list[int]) -> Acceptance:
             return Acceptance(tuple(rows), predicts[cur])
         cur = nxt
         rows.append(cur)
+
+
+def cut_at_stop(tree: DraftTree, acceptance: Acceptance, eos_id: int | None) -> Acceptance:
+    """The acceptance ended at the first accepted draft row whose token is the
+    end-of-sequence id: the rows before it are committed and the eos becomes the
+    bonus (emitted, never cached), so nothing past the stop is committed."""
+    if eos_id is None:
+        return acceptance
+    rows = acceptance.rows
+    j = next((j for j in range(1, len(rows)) if tree.tokens[rows[j]] == eos_id), None)
+    return acceptance if j is None else Acceptance(rows[:j], eos_id)

@@ -64,6 +64,13 @@ def _mask_padding_rows_empty(trees: list[DraftTree], prefix_lens: list[int]):
     return flatten_blocks(blocks)
 
 
+def _mask_other_requests_tree(trees: list[DraftTree], prefix_lens: list[int]):
+    """Request i's block holds request i+1's tree (cyclically): the blocks are
+    sized and placed right, but filled in another request order."""
+    bs = len(trees)
+    return flatten_blocks([request_mask_block(trees[(i + 1) % bs], p) for i, p in enumerate(prefix_lens)])
+
+
 # -- verify-inputs stage ------------------------------------------------------------
 
 def _inputs_then(edit):
@@ -101,6 +108,16 @@ def _positions_from_index(vb: VerifyBatch, trees: list[DraftTree]) -> None:
         vb.positions[b * n:b * n + t.num_rows] = p + torch.arange(t.num_rows)
 
 
+def _positions_shifted(vb: VerifyBatch, trees: list[DraftTree]) -> None:
+    """Every real row's position one past prefix + depth (the prefix length counted with the root)."""
+    n = vb.q_len
+    for b, t in enumerate(trees):
+        vb.positions[b * n:b * n + t.num_rows] += POSITION_OFFSET
+
+
+POSITION_OFFSET = 1
+
+
 def _padding_slots_alias(vb: VerifyBatch, trees: list[DraftTree]) -> None:
     """Padding rows write their K/V into draft rows' slots (1, 2, ... cyclically)."""
     n, loc = vb.q_len, vb.attn.out_cache_loc
@@ -114,6 +131,31 @@ def _padding_slots_alias(vb: VerifyBatch, trees: list[DraftTree]) -> None:
 def _bonus_from_root(tree: DraftTree, predicts: list[int]) -> Acceptance:
     """The walk is right, but the bonus is the root's argmax, not the last accepted row's."""
     return Acceptance(greedy_walk(tree, predicts).rows, predicts[0])
+
+
+def _accept_level_map(tree: DraftTree, predicts: list[int]) -> Acceptance:
+    """The walk looks the next row up in a token-keyed map per depth, {(depth, token): row},
+    filled in row order: a later node at the same depth with the same token (DDTree's
+    per-depth top-k repeats tokens under different parents) shadows the earlier one, and
+    the walk stops where the found row is not a child of the current one."""
+    level = {(tree.depths[r], tree.tokens[r]): r for r in range(1, tree.num_rows)}
+    cur, rows = 0, [0]
+    while (nxt := level.get((tree.depths[cur] + 1, predicts[cur]))) is not None and tree.parents[nxt] == cur:
+        cur = nxt
+        rows.append(cur)
+    return Acceptance(tuple(rows), predicts[cur])
+
+
+def _bonus_at_packed_offset(predicts: list[int], b: int, q_len: int, trees: list[DraftTree],
+                            acceptance: Acceptance) -> int:
+    """The bonus read from the batch's flat argmax at the packed offset (the real rows of
+    the earlier requests) instead of the padded one (b * q_len)."""
+    return predicts[sum(t.num_rows for t in trees[:b]) + acceptance.rows[-1]]
+
+
+def _stop_ignored(tree: DraftTree, acceptance: Acceptance, eos_id: int | None) -> Acceptance:
+    """The whole accepted chunk is committed, an end-of-sequence token inside it notwithstanding."""
+    return acceptance
 
 
 def _commit_contiguous(req_to_token, allocator, req_pool_idx, seq_len, row_slots, acceptance) -> int:
@@ -148,21 +190,24 @@ NEED_GRAPH = lambda s, v: s.cuda_graph  # noqa: E731
 NEED_TWO_NODES = lambda s, v: num_nodes(s, v) >= 2  # noqa: E731
 NEED_WALK = lambda s, v: s.accept == "walk"  # noqa: E731
 NEED_BATCH = lambda s, v: s.batch >= 2  # noqa: E731
+ANY = lambda s, v: True  # noqa: E731
+NEED_EOS = lambda s, v: s.eos_id is not None  # noqa: E731
 
 CATALOG = (
     Fault("padded-kv-visible", "padding columns left visible to real rows: real nodes attend to padded KV slots",
           "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "padding-leak",
-          _stage(build_mask=_mask_padding_visible), has_padding),
+          _stage(build_mask=_mask_padding_visible), has_padding, source="seed"),
     Fault("mask-row-stride", "mask rows laid out at stride prefix + real rows instead of the kernel's prefix + q_len",
           "padding rows (actual < budget, e.g. --budget 16 --topk 1)", "mask-shift",
           _stage(build_mask=_mask_row_stride), has_padding),
     Fault("padded-rectangle-mask", "batch mask built as one [bs, q_len, max_prefix + q_len] rectangle, "
           "not per-request blocks", "--batch >= 2 (prompts of different lengths)", "batch-mask-layout",
-          _stage(build_mask=_mask_rectangle), NEED_BATCH),
+          _stage(build_mask=_mask_rectangle), NEED_BATCH, source="SGLang PR #27509"),
     Fault("short-graph-mask", "graph mask buffer declared with the live batch's length; batch-padding "
           "requests read past its end", "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4), "
           "a backend that reads the prefix columns (--backend torch)", "mask-out-of-bounds",
-          _graph(mask_buffer_for_bucket=False), all_of(NEED_GRAPH, batch_padded, reads_prefix_mask)),
+          _graph(mask_buffer_for_bucket=False), all_of(NEED_GRAPH, batch_padded, reads_prefix_mask),
+          source="SGLang #6309"),
     Fault("graph-captured-causal", "graph captured without the custom mask: replay runs causal, the tree is ignored",
           "--cuda-graph, --topk >= 2, --budget >= --block-size (a branching tree)", "graph-causal-mask",
           _graph(capture_custom_mask=False), all_of(NEED_GRAPH, has_branch)),
@@ -195,6 +240,29 @@ CATALOG = (
     Fault("free-slot-read", "the commit frees the last accepted row's slot while req_to_token still points at it: "
           "the next verify's kv_indices reach a freed slot", "--max-new-tokens > --block-size + 1 (a second verify "
           "reads it)", "free-slot-read", _stage(commit=_commit_frees_last_accepted), two_steps),
+    Fault("position-base-offset", f"every real row's position shifted by {POSITION_OFFSET}: prefix + depth + "
+          f"{POSITION_OFFSET}", "any settings", "position-offset",
+          _stage(build_verify_batch=_inputs_then(_positions_shifted)), ANY),
+    Fault("stale-graph-positions", "graph replays without refilling the positions buffer: rows keep the "
+          "previous replay's positions", "--cuda-graph, --max-new-tokens > --block-size + 1 (a second replay)",
+          "stale-graph-positions", _graph(refill_positions=False), all_of(NEED_GRAPH, two_steps),
+          source="SGLang PR #10892"),
+    Fault("mask-request-permutation", "request i's mask block holds request i+1's tree: blocks sized and placed "
+          "right, filled in another request order", "--batch >= 2, --topk >= 2, --budget >= --block-size "
+          "(trees of different shapes)", "mask-of-other-request",
+          _stage(build_mask=_mask_other_requests_tree), all_of(NEED_BATCH, has_branch), source="vLLM PR #14645"),
+    Fault("bonus-stride-cross-request", "bonus read from the batch's argmax at the packed offset (earlier "
+          "requests' real rows) instead of b * q_len: it lands in another request's rows",
+          "--batch >= 2 and padding rows (actual < budget)", "bonus-cross-request",
+          _stage(read_bonus=_bonus_at_packed_offset), all_of(NEED_BATCH, has_padding)),
+    Fault("duplicate-sibling-token", "acceptance finds the next row in a token-keyed map per depth: a later node "
+          "with the same token at that depth shadows the child, the walk stops early",
+          "--topk >= 2, --budget >= --block-size (nodes repeating a token at one depth)", "token-shadowed",
+          _stage(accept=_accept_level_map), all_of(NEED_WALK, has_branch)),
+    Fault("commit-past-stop", "a whole accepted chunk is committed and emitted past an end-of-sequence token "
+          "accepted inside it", "--eos-id, a token the target's greedy stream emits as an accepted draft (not "
+          "as the bonus)", "commit-past-stop", _stage(stop=_stop_ignored), NEED_EOS,
+          source="transformers #47912"),
 )
 
 for _fault in CATALOG:

@@ -19,6 +19,8 @@ class Fault:
     expected_class: str                            # what the localizer must name
     apply: Callable[[Pipeline], Pipeline]
     can_show: Callable[[RunSettings, int], bool]   # (settings, vocab) -> bool
+    source: str = ""                               # the public issue it models ("SGLang #6309"), "seed" for
+                                                   # the original bug, "" for a generic class
 
     def __post_init__(self) -> None:
         if not (self.name and self.breaks and self.shows_when and self.expected_class):
@@ -26,6 +28,8 @@ class Fault:
         from harness.localize.explain import CLASSES
         if self.expected_class not in CLASSES:
             raise ValueError(f"fault {self.name!r}: class {self.expected_class!r} is none the localizer can name")
+        if "\n" in self.source:
+            raise ValueError(f"fault {self.name!r}: its source is one short line")
 
 
 FAULTS: dict[str, Fault] = {}

@@ -27,10 +27,17 @@ SHOW_SETTINGS: dict[str, dict] = {
     "padding-slot-alias": {},
     "bonus-from-wrong-node": {"max_new_tokens": 24},  # the tiny model's first tokens repeat one token
     "free-slot-read": {},
+    "position-base-offset": {},
+    "stale-graph-positions": {"cuda_graph": True},
+    "mask-request-permutation": {"batch": 2, "topk": 2},
+    "bonus-stride-cross-request": {"batch": 2},
+    "duplicate-sibling-token": {"topk": 2},
+    "commit-past-stop": {"eos_id": "auto"},   # a token of the first round's greedy stream (stop_token)
 }
 
 # The fault-free matrix, run once per seed.
-CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2})
+CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
+                {"eos_id": "auto", "batch": 2})
 CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3})
 
 
@@ -59,7 +66,28 @@ def base_settings(backend: str, quick: bool, device: str = "cpu", impl: str | No
 
 
 def fault_settings(name: str, base: RunSettings, seed: int = 0) -> RunSettings:
-    return replace(base, seed=seed, fault=name, **SHOW_SETTINGS[name])
+    return with_extra(replace(base, seed=seed, fault=name), SHOW_SETTINGS[name])
+
+
+def with_extra(s: RunSettings, extra: dict) -> RunSettings:
+    """`s` with `extra`; eos_id "auto" becomes stop_token(s)."""
+    if extra.get("eos_id") == "auto":
+        extra = {**extra, "eos_id": stop_token(replace(s, **{k: v for k, v in extra.items() if k != "eos_id"}))}
+    return replace(s, **extra)
+
+
+def stop_token(s: RunSettings) -> int:
+    """An end-of-sequence id the first request meets inside its first verify
+    round: the first token of its greedy stream, at position 2 or later (the
+    drafts, not the prefill's root), that does not appear before it."""
+    from harness.model.llama import LlamaModel
+    from harness.model.presets import load_model
+    from harness.runner.dense import dense_greedy
+    from harness.runner.settings import prompt_tokens, prompts_for_batch
+    cfg, weights = load_model(s.model, s.seed)
+    prompt = prompt_tokens(prompts_for_batch(1)[0], 0, cfg.vocab_size, s.seed)
+    stream = dense_greedy(LlamaModel(cfg, weights, s.torch_dtype, "cpu"), prompt, s.block_size)
+    return next((t for i, t in enumerate(stream) if i >= 2 and t not in stream[:i]), stream[-1])
 
 
 def run_one(s: RunSettings, expected_class: str | None) -> CheckRow | None:
@@ -95,4 +123,4 @@ def self_check(backend: str = "torch", seeds: int = 5, quick: bool = False, faul
             yield run_one(s, cat[name].expected_class)
     for seed in range(seeds):
         for extra in (CLEAN_QUICK if quick else CLEAN_MATRIX):
-            yield run_one(replace(base, seed=seed, **extra), None)
+            yield run_one(with_extra(replace(base, seed=seed), extra), None)

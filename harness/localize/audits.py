@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ddtree.accept import greedy_walk
+from harness.ddtree.accept import cut_at_stop, greedy_walk
 from harness.ddtree.tree import DraftTree
 
 
@@ -44,6 +44,14 @@ def audit_replay(replay) -> list[Finding]:
     if bad:
         out.append(Finding("stale-mask", f"the static mask buffer differs from the live batch's mask at {len(bad)} "
                                          f"of {n_mask} elements (first at {bad[0]}): the replay read a stale mask"))
+    n_pos = replay.live.positions.numel()
+    static, want = replay.positions[:n_pos].cpu(), replay.live.positions.cpu()
+    bad = (static != want).nonzero().flatten().tolist()
+    if bad:
+        out.append(Finding("stale-positions", f"the static positions buffer differs from the live batch's positions "
+                                              f"at {len(bad)} of {n_pos} rows (row {bad[0]}: {int(static[bad[0]])} "
+                                              f"not {int(want[bad[0]])}): the replay read the positions of an "
+                                              "earlier batch, not refilled"))
     return out
 
 
@@ -61,6 +69,11 @@ def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
         if sorted(got) == sorted(want):
             out[b] = Finding("permuted", f"rows {ranges(wrong)} carry other nodes' (token, position): "
                                          "the rows are renumbered")
+        elif [g[0] for g in got] == [w[0] for w in want] and len({g[1] - w[1] for g, w in zip(got, want)}) == 1:
+            shift = got[0][1] - want[0][1]
+            out[b] = Finding("positions-offset", f"every real row's position is prefix + depth {shift:+d} (the root "
+                                                 f"at {got[0][1]}, not {want[0][1]}): a constant offset on the "
+                                                 "position base")
         elif [g[0] for g in got] == [w[0] for w in want]:
             rows = ", ".join(f"{i} (depth {t.depths[i]}) at {got[i][1]} not {want[i][1]}" for i in wrong[:4])
             out[b] = Finding("positions", f"positions are not prefix + depth: rows {rows}")
@@ -69,21 +82,73 @@ def audit_inputs(vb, trees: list[DraftTree]) -> dict[int, Finding]:
     return out
 
 
-def audit_acceptance(rs) -> Finding | None:
+def audit_stop(rs, eos_id: int | None) -> Finding | None:
+    """An accepted draft row carrying the end-of-sequence token: the rows and
+    the bonus after it were committed past the stop."""
+    if eos_id is None:
+        return None
+    rows, tree = list(rs.acceptance.rows), rs.tree
+    j = next((j for j in range(1, len(rows)) if tree.tokens[rows[j]] == eos_id), None)
+    if j is None:
+        return None
+    return Finding("past-stop", f"step {rs.step}, request {rs.rid}: accepted row {rows[j]} carries the "
+                                f"end-of-sequence token {eos_id}, yet rows {rows[j:]} and the bonus "
+                                f"{rs.acceptance.bonus} are committed: {len(rows) - j} tokens past the stop "
+                                f"(the acceptance must end at rows {rows[:j]} with the eos as its bonus)")
+
+
+def audit_acceptance(rs, eos_id: int | None = None) -> Finding | None:
     """The engine's acceptance against a fresh greedy walk over the same
-    logits: faults swap the accept stage, never greedy_walk itself."""
+    logits (ended at an end-of-sequence token): faults swap the accept stage,
+    never greedy_walk itself."""
     predicts = rs.logits.argmax(-1).tolist()
-    want, acc = greedy_walk(rs.tree, predicts), rs.acceptance
+    want, acc = cut_at_stop(rs.tree, greedy_walk(rs.tree, predicts), eos_id), rs.acceptance
     if acc == want:
         return None
     rows = list(want.rows)
-    if list(acc.rows) != rows:
+    got = list(acc.rows)
+    if got != rows and got == rows[:len(got)]:
+        tree, child = rs.tree, rows[len(got)]
+        twin = [r for r in range(child + 1, tree.num_rows)
+                if tree.depths[r] == tree.depths[child] and tree.tokens[r] == tree.tokens[child]]
+        if twin:
+            return Finding("token-shadowed", f"step {rs.step}, request {rs.rid}: the walk stops at row {got[-1]}, "
+                                             f"whose argmax {predicts[got[-1]]} is the token of its child row "
+                                             f"{child}; row {twin[0]} (parent {tree.parents[twin[0]]}) repeats "
+                                             f"that token at depth {tree.depths[child]}: a token-keyed lookup "
+                                             f"shadows the child (accepted {got}, the greedy walk {rows})")
+    if got != rows:
         return Finding("accept-rows", f"step {rs.step}, request {rs.rid}: accepted rows {list(acc.rows)}, "
                                       f"the greedy walk accepts {rows}")
     src = [r for r in range(rs.tree.num_rows) if predicts[r] == acc.bonus]
     where = f"the argmax of row {src[0]}" if src else "no row's argmax"
     return Finding("wrong-bonus", f"step {rs.step}, request {rs.rid}: bonus token {acc.bonus} is {where}, "
                                   f"not of the last accepted row {rows[-1]} (token {want.bonus})")
+
+
+def audit_batch_bonus(result) -> Finding | None:
+    """Each request's bonus against the batch's flat argmax: a bonus that is not
+    its own last accepted row's argmax but is the argmax at the packed offset
+    (the earlier requests' real rows, no padding) + that row, in another
+    request's rows, was read with the wrong per-request stride."""
+    reqs = result.requests
+    if len(reqs) < 2:
+        return None
+    flat = [t for rs in reqs for t in rs.logits.argmax(-1).tolist()]
+    q = reqs[0].tree.q_len
+    for b, rs in enumerate(reqs):
+        last = rs.acceptance.rows[-1]
+        if rs.acceptance.bonus == flat[b * q + last]:
+            continue
+        idx = sum(r.tree.num_rows for r in reqs[:b]) + last
+        if idx // q != b and flat[idx] == rs.acceptance.bonus:
+            return Finding("bonus-cross-request", f"step {rs.step}, request {rs.rid}: bonus token "
+                                                  f"{rs.acceptance.bonus} is the argmax of flat row {idx} (request "
+                                                  f"{reqs[idx // q].rid}, row {idx % q}), not of row {b * q + last} "
+                                                  f"(its last accepted row {last}, token {flat[b * q + last]}): "
+                                                  f"read at the packed offset, the earlier requests' real rows, "
+                                                  f"instead of {b} x q_len {q}")
+    return None
 
 
 def ranges(xs: list[int]) -> str:

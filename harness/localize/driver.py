@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.localize.audits import Finding, audit_acceptance, audit_inputs, audit_replay
+from harness.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
+                                     audit_stop)
 from harness.localize.explain import Evidence, classify, explanation
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
@@ -43,16 +44,18 @@ def localize(p, first) -> Localization:
         audit_invariants(engine, result, kernel_kv, kv)
         audit_cache(engine, result, oracle, tol, kv)
         ev.canary += list(result.provenance)
+        ev.accept = ev.accept or audit_batch_bonus(result)
         for rs in result.requests:
-            ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
+            eos = engine.s.eos_id
+            ev.accept = ev.accept or audit_stop(rs, eos) or audit_acceptance(rs, eos) or _cross_check_finding(rs)
         if first.what == "accept" and result.step == first.step:
             break
         if first.what not in ("stream", "accept") and result.step == first.step:
             _at_divergence(engine, result, replay, first, oracle, tol, ev)
             break
-    cls, cause = classify(ev)
+    cause = classify(ev)
     d = ev.probe()
-    return Localization(first.step, first.request, first.node, first.depth, cls, explanation(ev, cause),
+    return Localization(first.step, first.request, first.node, first.depth, cause.cls, explanation(ev, cause),
                         d.to_record() if d is not None else None, kv.to_record(),
                         ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph])
 
@@ -71,11 +74,13 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
                            engine.s.torch_dtype, engine.s.device)
     loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     kv_idx = meta.kv_indices.cpu().tolist()
+    owned = _owned_slots(engine, result)
     for i, tree in enumerate(trees):
         if vis[i].effective.shape[0] != tree.q_len:
             continue
         slots = kv_idx[kvp[i]:kvp[i + 1]] + loc[qo[i]:qo[i + 1]]
-        ev.probes.append(diff_request(i, vis[i], tree, slots, engine.backend.mask_regions))
+        others = frozenset(s for j, own in enumerate(owned) if j != i for s in own) - owned[i]
+        ev.probes.append(diff_request(i, vis[i], tree, slots, engine.backend.mask_regions, others))
     if first.what == "batch-padding":
         ev.probes.append(dummy_request(b, vis[b], kv_idx[kvp[b]:kvp[b + 1]] + loc[qo[b]:qo[b + 1]]))
         ev.num_rows = vis[b].effective.shape[0]
@@ -90,6 +95,14 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         path = [rs.tree.tokens[a] for a in rs.tree.ancestors(first.node)]
         ref = oracle.path_hidden(list(rs.prefix) + path)
     ev.bisect = bisect(hidden, row, ref, tol)
+
+
+def _owned_slots(engine, result) -> list[frozenset[int]]:
+    """Per request of the batch: its committed prefix's slots and its verify rows' slots."""
+    r2t = engine.req_pool.req_to_token.cpu()
+    live = {r.rid: r for r in engine.requests if not r.finished}
+    return [(frozenset(r2t[live[rs.rid].req_pool_idx, :len(rs.prefix)].tolist()) if rs.rid in live else frozenset())
+            | frozenset(rs.row_slots) for rs in result.requests]
 
 
 def _cross_check_finding(rs) -> Finding | None:

@@ -1,5 +1,10 @@
-"""From evidence to a fault class and a one-paragraph explanation. Rules go
-from the most specific cause to the most generic; the first that holds wins."""
+"""From evidence to a cause: the first wrong quantity, the stage that
+produced it, what was measured, and only then a class. Rules go from the
+most specific measurement to the most generic; the first that holds wins.
+A class from the fault catalog is named only when the measurement is the
+one that fault leaves; otherwise the class names what was measured
+(mask-visibility, kv-indices, ...), and "unknown" when nothing measured
+points anywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,12 +12,28 @@ from dataclasses import dataclass, field
 from harness.localize.audits import Finding, ranges
 from harness.localize.kv_audit import KVAudit
 from harness.localize.layer_bisect import Bisect
-from harness.localize.mask_probe import MaskDiff, derived_parents, row_stride_explains
+from harness.localize.mask_probe import (MaskDiff, derived_parents, flat_shift_explains, row_stride_explains,
+                                         visibility_changes)
 
-CLASSES = ("graph-causal-mask", "mask-out-of-bounds", "stale-kv-indices", "stale-graph-mask", "fully-masked-row",
-           "node-order", "wrong-position", "slot-alias", "kv-not-compacted", "padding-leak", "batch-mask-layout",
-           "mask-shift", "wrong-bonus", "accept-mismatch", "wrong-kv", "unexplained",
-           "free-slot-read", "kv-provenance")
+STAGES = ("tree build", "verify inputs", "mask", "attention", "accept", "commit")
+# the classes the fault catalog expects (harness/faults/catalog.py; a unit test keeps them equal)
+CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-of-bounds", "graph-causal-mask",
+                   "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
+                   "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
+                   "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
+                   "commit-past-stop")
+# what was measured, when no catalog fault leaves that measurement
+MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
+                    "unknown")
+CLASSES = CATALOG_CLASSES + MEASURED_CLASSES
+
+
+@dataclass(frozen=True)
+class Cause:
+    cls: str              # one of CLASSES
+    quantity: str         # the first wrong quantity, in the domain's words
+    stage: str | None     # one of STAGES; None when nothing measured points at one
+    text: str             # what was measured
 
 
 @dataclass
@@ -34,68 +55,123 @@ class Evidence:
         return next((d for d in self.probes if d.request == self.request_index), None)
 
 
-def classify(ev: Evidence) -> tuple[str, str]:
-    """(fault_class, the cause sentence)."""
+def classify(ev: Evidence) -> Cause:
+    """The first wrong quantity, its stage, what was measured and the class."""
     kinds = {f.kind: f for f in ev.graph}
-    for kind, cls in (("captured-causal", "graph-causal-mask"), ("mask-out-of-bounds", "mask-out-of-bounds"),
-                      ("stale-kv-indices", "stale-kv-indices"), ("stale-mask", "stale-graph-mask")):
+    for kind, cls, quantity, stage in (
+            ("captured-causal", "graph-causal-mask", "the replay's attention mask", "attention"),
+            ("mask-out-of-bounds", "mask-out-of-bounds", "the graph's mask buffer (length)", "mask"),
+            ("stale-kv-indices", "stale-kv-indices", "the graph's static kv_indices", "verify inputs"),
+            ("stale-mask", "stale-graph-mask", "the graph's static mask buffer", "mask"),
+            ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "verify inputs")):
         if kind in kinds:
-            return cls, kinds[kind].text + _probe_note(ev.probe())
+            return Cause(cls, quantity, stage, kinds[kind].text + _probe_note(ev.probe()))
     free = next((f for f in ev.canary if f.kind == "free-slot"), None)
     if free is not None:
-        return "free-slot-read", (f"{free.text}: kv_indices reach a freed slot, whose K/V any later allocation may "
-                                  "overwrite (poisoned free slots show it in the logits, even under a zero weight)")
+        return Cause("free-slot-read", "kv_indices (a freed slot)", "commit",
+                     f"{free.text}: kv_indices reach a freed slot, whose K/V any later allocation may overwrite "
+                     "(poisoned free slots show it in the logits, even under a zero weight)")
+    kv = ev.kv.kinds()
+    if "referenced-free" in kv:
+        return Cause("free-slot-read", "req_to_token (a freed slot)", "commit",
+                     f"{_violation(ev.kv, 'referenced-free')}: the commit freed a slot a committed position still "
+                     "points at, so the next verify's kv_indices reach a freed slot")
     d = ev.probe()
     if d is not None and d.empty_rows and not (d.leaked or d.blocked):
         pad = [r for r in d.empty_rows if r >= ev.num_rows]
         kind = "padding rows" if len(pad) == len(d.empty_rows) else "rows"
-        return "fully-masked-row", (f"{kind} {ranges(d.empty_rows)} see no key at all (not even their diagonal): "
-                                    "the softmax divides 0 by 0, their output is NaN, and the NaN K/V they write "
-                                    "reaches every row of the next layer through 0 x NaN")
+        return Cause("fully-masked-row", "the verify mask (rows with no visible key)", "mask",
+                     f"{kind} {ranges(d.empty_rows)} see no key at all (not even their diagonal): the softmax "
+                     "divides 0 by 0, their output is NaN, and the NaN K/V they write reaches every row of the "
+                     "next layer through 0 x NaN")
     if ev.inputs is not None and ev.inputs.kind == "permuted" and d is not None:
         parents = derived_parents(d, ev.num_rows)
         if parents and any(par > row for row, par in enumerate(parents)):
             bad = [(row, par) for row, par in enumerate(parents) if par > row]
-            return "node-order", (f"{ev.inputs.text}; the applied mask is the tree's under a renumbering in which "
-                                  f"row {bad[0][0]}'s parent is row {bad[0][1]}: children numbered before parents")
+            return Cause("node-order", "the verify rows' order (input_ids, positions and mask)", "verify inputs",
+                         f"{ev.inputs.text}; the applied mask is the tree's under a renumbering in which row "
+                         f"{bad[0][0]}'s parent is row {bad[0][1]}: children numbered before parents")
     if ev.inputs is not None and ev.inputs.kind == "positions":
-        return "wrong-position", ev.inputs.text
-    kv = ev.kv.kinds()
+        return Cause("wrong-position", "positions", "verify inputs", ev.inputs.text)
+    if ev.inputs is not None and ev.inputs.kind == "positions-offset":
+        return Cause("position-offset", "positions", "verify inputs", ev.inputs.text)
+    if ev.inputs is not None:
+        tokens = ev.inputs.kind == "tokens"
+        return Cause("input-tokens" if tokens else "input-order",
+                     "input_ids" if tokens else "the verify rows' (token, position) order", "verify inputs",
+                     ev.inputs.text)
     if "alias" in kv:
-        v = next(v for v in ev.kv.violations if v.kind == "alias")
-        return "slot-alias", f"step {v.step}: {v.text}; the padding rows' write clobbers those nodes' K/V{_kv_note(ev.kv)}"
+        return Cause("slot-alias", "out_cache_loc", "verify inputs",
+                     f"{_violation(ev.kv, 'alias')}; the padding rows' write clobbers those nodes' K/V")
     if "commit" in kv:
-        v = next(v for v in ev.kv.violations if v.kind == "commit")
-        return "kv-not-compacted", f"step {v.step}: {v.text}: accepted KV not re-pointed{_kv_note(ev.kv)}"
+        return Cause("kv-not-compacted", "req_to_token (after the commit)", "commit",
+                     f"{_violation(ev.kv, 'commit')}: accepted KV not re-pointed")
+    if "kv_indices" in kv:
+        return Cause("kv-indices", "kv_indices", "verify inputs",
+                     f"{_violation(ev.kv, 'kv_indices')}: the kernel read other slots than the request's committed "
+                     "positions")
     if d is not None and (d.leaked or d.blocked):
         return _classify_mask(ev, d)
     if ev.accept is not None:
-        cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch"}.get(ev.accept.kind, "unexplained")
-        return cls, ev.accept.text
+        cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch", "token-shadowed": "token-shadowed",
+               "bonus-cross-request": "bonus-cross-request",
+               "past-stop": "commit-past-stop"}.get(ev.accept.kind, "unknown")
+        quantity = {"wrong-bonus": "the bonus token", "bonus-cross-request": "the bonus token",
+                    "past-stop": "the accepted rows (past the end-of-sequence token)"}.get(ev.accept.kind,
+                                                                                          "the accepted rows")
+        return Cause(cls, quantity, "accept", ev.accept.text)
     if ev.kv.first_bad_position is not None:
-        return "wrong-kv", f"the cached K/V is wrong{_kv_note(ev.kv)}"
-    return "unexplained", "no audit, probe or bisect pinned a cause"
+        return Cause("wrong-kv", "the cached K/V", "attention", "the cached K/V is wrong (no slot bookkeeping "
+                     "invariant is broken: the forward wrote wrong values)")
+    return Cause("unknown", "unknown", None, "no audit, probe or bisect pinned a cause")
 
 
-def _classify_mask(ev: Evidence, d: MaskDiff) -> tuple[str, str]:
+def _violation(kv: KVAudit, kind: str) -> str:
+    v = next(v for v in kv.violations if v.kind == kind)
+    return f"step {v.step}: {v.text}"
+
+
+def _classify_mask(ev: Evidence, d: MaskDiff) -> Cause:
     roles = d.key_roles
+    changes = visibility_changes(d)
+    quantity = "the verify mask (effective visibility)"
     if d.leaked and not d.blocked and all(roles[c].startswith("padding") for _, c in d.leaked):
-        return "padding-leak", _leak_sentence(ev, d)
+        return Cause("padding-leak", quantity, "mask", f"{_leak_sentence(ev, d)}; {changes}")
+    other = _other_requests_tree(ev, d)
+    if other is not None:
+        return Cause("mask-of-other-request", quantity, "mask",
+                     f"request {d.request}'s rows see exactly request {other.request}'s tree (its draft part is that "
+                     f"request's ancestor mask): the mask blocks are filled in another request order; {changes}")
     if len(ev.probes) > 1:
         longest = max(x.prefix_len for x in ev.probes)
         ok = [x.request for x in ev.probes if not (x.leaked or x.blocked)]
         if ok and all((x.prefix_len == longest) == (x.request in ok) for x in ev.probes):
-            return "batch-mask-layout", (f"requests {ok} (the longest prefix, {longest}) see exactly their tree, every "
-                                         f"other request's rows are shifted: the batch mask is laid out for "
-                                         f"max_prefix + q_len, not per request ({len(d.leaked)} leaked, "
-                                         f"{len(d.blocked)} blocked pairs in request {d.request})")
+            return Cause("batch-mask-layout", quantity, "mask",
+                         f"requests {ok} (the longest prefix, {longest}) see exactly their tree, every other "
+                         f"request's rows are shifted: the batch mask is laid out for max_prefix + q_len, not per "
+                         f"request; in request {d.request}, {changes}")
+    empty = f"; rows {ranges(d.empty_rows)} see no key" if d.empty_rows else ""
     w = row_stride_explains(d, ev.num_rows)
-    stride = (f"; the applied mask is the tree's rows written at stride prefix + {w} and read at prefix + "
-              f"{d.expected.shape[0]}" if w is not None else "")
-    rows = sorted({r for r, _ in d.leaked + d.blocked})
-    empty = f", rows {ranges(d.empty_rows)} see no key" if d.empty_rows else ""
-    return "mask-shift", (f"rows {ranges(rows)} see the wrong keys ({len(d.leaked)} leaked, {len(d.blocked)} blocked "
-                          f"pairs{empty}): the mask rows are shifted{stride}")
+    if w is not None:
+        return Cause("mask-shift", quantity, "mask",
+                     f"the applied mask is the tree's rows written at stride prefix + {w} and read at prefix + "
+                     f"{d.expected.shape[0]}: the mask rows are shifted{empty}; {changes}")
+    s = flat_shift_explains(d, ev.num_rows)
+    if s is not None:
+        return Cause("mask-shift", quantity, "mask",
+                     f"the applied mask is the tree's mask moved by {s} elements along the flat buffer the kernel "
+                     f"reads{empty}; {changes}")
+    return Cause("mask-visibility", quantity, "mask", f"{changes}{empty}")
+
+
+def _other_requests_tree(ev: Evidence, d: MaskDiff) -> MaskDiff | None:
+    """Another request of the batch whose tree's draft-part mask is what `d`'s rows saw."""
+    seen = d.effective[:, d.prefix_len:]
+    for x in ev.probes:
+        want = x.expected[:, x.prefix_len:]
+        if x.request != d.request and want.shape == seen.shape and bool((want == seen).all()):
+            return x
+    return None
 
 
 def _leak_sentence(ev: Evidence, d: MaskDiff) -> str:
@@ -114,16 +190,36 @@ def _probe_note(d: MaskDiff | None) -> str:
     return f" (mask probe: {len(d.leaked)} leaked, {len(d.blocked)} blocked pairs, {len(d.empty_rows)} empty rows)"
 
 
-def _kv_note(kv: KVAudit) -> str:
-    if kv.first_bad_position is None:
-        return ""
-    return (f"; first wrong cache entry: step {kv.first_bad_step}, request {kv.first_bad_request}, position "
-            f"{kv.first_bad_position}, layer {kv.first_bad_layer}")
+def kv_notes(kv: KVAudit, quoted: str = "", limit: int = 3) -> str:
+    """The KV audit's findings not already in `quoted`: its invariant
+    violations (first of each kind) and the first wrong cache entry."""
+    seen, notes = set(), []
+    for v in kv.violations:
+        text = f"step {v.step}: {v.text}"
+        if v.kind not in seen and text not in quoted:
+            notes.append(text)
+        seen.add(v.kind)
+    extra = len(notes) - limit
+    out = notes[:limit] + ([f"{extra} more kinds"] if extra > 0 else [])
+    if kv.first_bad_position is not None:
+        held = ("K/V that matches no committed position" if kv.held_position is None
+                else f"position {kv.held_position}'s K/V")
+        slot = f" (slot {kv.first_bad_slot})" if kv.first_bad_slot is not None else ""
+        out.append(f"first wrong cache entry: step {kv.first_bad_step}, request {kv.first_bad_request}, position "
+                   f"{kv.first_bad_position}{slot}, layer {kv.first_bad_layer}, holds {held}")
+    return "; KV audit: " + "; ".join(out) if out else ""
 
 
-def explanation(ev: Evidence, cause: str) -> str:
+def explanation(ev: Evidence, cause: Cause) -> str:
+    """First wrong quantity and stage, then what was measured, then the
+    catalog class if one matches."""
     tail = ""
     if ev.bisect is not None and ev.bisect.first_bad_layer is not None:
         first = ev.bisect.first_bad_layer  # hidden-state index: 0 is the embedding output
         tail = "; first wrong at the embedding" if first == 0 else f"; first wrong at layer {first - 1}"
-    return f"{ev.where}: {cause}{tail}."
+    if cause.stage is None:
+        head = f"First wrong quantity: unknown at {ev.where}"
+    else:
+        head = f"First wrong quantity: {cause.quantity}, produced by the {cause.stage} stage, at {ev.where}"
+    catalog = f" Catalog class: {cause.cls}." if cause.cls in CATALOG_CLASSES else ""
+    return f"{head}: {cause.text}{tail}{kv_notes(ev.kv, cause.text)}.{catalog}"

@@ -11,7 +11,7 @@ import torch
 @dataclass(frozen=True)
 class Violation:
     step: int
-    kind: str   # alias | kv_indices | commit | freed-referenced
+    kind: str   # alias | kv_indices | commit | freed-referenced (rejected slots kept) | referenced-free
     text: str
 
 
@@ -23,13 +23,16 @@ class KVAudit:
     first_bad_position: int | None = None
     first_bad_layer: int | None = None
     rel_err: float | None = None
+    first_bad_slot: int | None = None
+    held_position: int | None = None   # the committed position whose K/V that slot holds (None: none matches)
 
     def to_record(self) -> dict:
         return {"violations": [f"step {v.step}: {v.text}" for v in self.violations],
                 "violation_kinds": sorted({v.kind for v in self.violations}),
                 "first_bad_step": self.first_bad_step, "first_bad_request": self.first_bad_request,
                 "first_bad_position": self.first_bad_position, "first_bad_layer": self.first_bad_layer,
-                "rel_err": self.rel_err}
+                "rel_err": self.rel_err, "first_bad_slot": self.first_bad_slot,
+                "held_position": self.held_position}
 
     def kinds(self) -> set[str]:
         return {v.kind for v in self.violations}
@@ -70,6 +73,12 @@ def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVA
             audit.violations.append(Violation(step, "commit", f"request {rs.rid}: positions {old}..{old + len(acc.rows) - 1} "
                                               f"point at slots {new.tolist()}, the accepted rows {list(acc.rows)} "
                                               f"were written at {slots[list(acc.rows)].tolist()}"))
+        stale = [(pos, int(s)) for pos, s in enumerate(r2t[r.req_pool_idx, :old + len(acc.rows)].tolist())
+                 if int(s) not in owned]
+        if stale:
+            audit.violations.append(Violation(step, "referenced-free", f"request {rs.rid}: position {stale[0][0]} "
+                                              f"points at slot {stale[0][1]}, which the allocator holds free "
+                                              f"({len(stale)} such positions)"))
         freed = set(rs.row_slots) - set(new.tolist())
         referenced = {int(s) for s in freed if s in owned}
         if referenced:
@@ -97,4 +106,15 @@ def audit_cache(engine, result, oracle, tol: float, audit: KVAudit) -> None:
                 if not err / scale <= tol:
                     audit.first_bad_step, audit.first_bad_request = result.step, rs.rid
                     audit.first_bad_position, audit.first_bad_layer, audit.rel_err = pos, layer, err / scale
+                    audit.first_bad_slot = int(slots[pos])
+                    audit.held_position = _held_position(got_k, got_v, ks[layer], vs[layer], scale, tol)
                     return
+
+
+def _held_position(got_k, got_v, ks, vs, scale: float, tol: float) -> int | None:
+    """The committed position whose oracle K/V the slot holds, if any."""
+    for pos in range(ks.shape[0]):
+        err = max(float((got_k - ks[pos]).abs().max()), float((got_v - vs[pos]).abs().max()))
+        if err / scale <= tol:
+            return pos
+    return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.ddtree.tree import DraftTree
+from harness.localize.audits import ranges
 from harness.ddtree.verify_inputs import AttnMetadata
 
 
@@ -93,6 +94,8 @@ class MaskDiff:
     key_roles: list[str]
     key_slots: list[int]
     ignored_regions: list[str]
+    parents: tuple[int | None, ...] = ()      # the tree's, real rows (empty for a batch-padding dummy)
+    other_request_cols: tuple[int, ...] = ()  # columns whose slot belongs to another request of the batch
 
     @property
     def clean(self) -> bool:
@@ -104,7 +107,9 @@ class MaskDiff:
                 "effective": self.effective.int().tolist(), "leaked": [list(x) for x in self.leaked],
                 "blocked": [list(x) for x in self.blocked], "empty_rows": self.empty_rows,
                 "key_roles": self.key_roles, "key_slots": self.key_slots,
-                "ignored_regions": self.ignored_regions}
+                "ignored_regions": self.ignored_regions,
+                "changes": [{"change": ch, "row": r, "col": c, "role": pair_role(self, r, c)}
+                            for ch, pairs in (("gained", self.leaked), ("lost", self.blocked)) for r, c in pairs]}
 
 
 def key_roles(tree: DraftTree, prefix_len: int) -> list[str]:
@@ -113,7 +118,10 @@ def key_roles(tree: DraftTree, prefix_len: int) -> list[str]:
 
 
 def diff_request(request: int, vis: Visibility, tree: DraftTree, key_slots: list[int],
-                 mask_regions: frozenset[str]) -> MaskDiff:
+                 mask_regions: frozenset[str], other_request_slots: frozenset[int] = frozenset()) -> MaskDiff:
+    """other_request_slots: the slots the batch's other requests own (their
+    committed prefix and their verify rows); a key column holding one of them
+    has the role "other request"."""
     p, n = vis.prefix_len, tree.q_len
     expected = ancestor_mask(tree, p)
     effective = vis.effective
@@ -128,7 +136,98 @@ def diff_request(request: int, vis: Visibility, tree: DraftTree, key_slots: list
     leaked = (effective & ~expected & read & real).nonzero().tolist()
     blocked = (~effective & expected & read & real).nonzero().tolist()
     return MaskDiff(request, p, expected, effective, [tuple(x) for x in leaked], [tuple(x) for x in blocked],
-                    vis.empty.nonzero().flatten().tolist(), key_roles(tree, p), key_slots, ignored)
+                    vis.empty.nonzero().flatten().tolist(), key_roles(tree, p), key_slots, ignored, tree.parents,
+                    tuple(c for c, s in enumerate(key_slots) if s in other_request_slots))
+
+
+ROLES = ("prefix", "ancestor", "itself", "sibling", "descendant", "other branch", "padding", "other request")
+
+
+def _path(parents: tuple[int | None, ...], row: int) -> list[int]:
+    out = [row]
+    while (p := parents[out[-1]]) is not None:
+        out.append(p)
+    return out
+
+
+def pair_role(d: MaskDiff, row: int, col: int) -> str:
+    """The role key `col` plays for real row `row` in the tree: one of ROLES.
+    "other branch" is a node neither on the row's path, below it, nor a
+    sibling (a cousin)."""
+    p = d.prefix_len
+    if col in d.other_request_cols:
+        return "other request"
+    if col < p:
+        return "prefix"
+    k = col - p
+    if not d.parents or k >= len(d.parents):
+        return "padding"
+    if k == row:
+        return "itself"
+    if k in _path(d.parents, row):
+        return "ancestor"
+    if row in _path(d.parents, k):
+        return "descendant"
+    return "sibling" if d.parents[k] == d.parents[row] else "other branch"
+
+
+def _key_label(d: MaskDiff, role: str, cols: list[int]) -> str:
+    cols = sorted(cols)
+    slots = ranges(sorted(d.key_slots[c] for c in cols)) if d.key_slots else "?"
+    many = "s" if len(cols) > 1 else ""
+    prefix = [c for c in cols if c < d.prefix_len]
+    if len(prefix) == len(cols):
+        return f"{role} key{many} at prefix position{many} {ranges(cols)} (slot{many} {slots})"
+    return f"{role} key{many} {ranges([c - d.prefix_len for c in cols])} (slot{many} {slots})"
+
+
+def visibility_changes(d: MaskDiff, limit: int = 6) -> str:
+    """Which real rows gained or lost which keys, grouped by the key's role:
+    "row 5 gained sibling key 4 (slot 209); row 7 lost ancestor key 2 (slot 207)"."""
+    groups: dict[tuple[str, str], dict[int, list[int]]] = {}
+    for change, pairs in (("gained", d.leaked), ("lost", d.blocked)):
+        for r, c in pairs:
+            groups.setdefault((change, pair_role(d, r, c)), {}).setdefault(r, []).append(c)
+    items, left = [], 0
+    for (change, role), rows in groups.items():
+        same: dict[tuple[int, ...], list[int]] = {}   # rows that changed in the same keys, named together
+        for r, cols in sorted(rows.items()):
+            same.setdefault(tuple(sorted(cols)), []).append(r)
+        for cols, rs in same.items():
+            if len(items) < limit:
+                who = f"row {rs[0]}" if len(rs) == 1 else f"rows {ranges(rs)}"
+                items.append(f"{who} {change} {_key_label(d, role, list(cols))}")
+            else:
+                left += 1
+    more = f"; and {left} more groups of rows" if left else ""
+    n = len(d.leaked) + len(d.blocked)
+    return (f"the applied mask differs from the tree's ancestor mask in {n} (row, key) pair{'s' if n > 1 else ''} "
+            f"({len(d.leaked)} gained, {len(d.blocked)} lost): " + "; ".join(items) + more)
+
+
+def flat_shift_explains(diff: MaskDiff, num_rows: int) -> int | None:
+    """The offset s (elements, nonzero) such that the request's expected
+    block, moved by s along the flat buffer the kernel reads, gives the
+    effective mask on the real rows, if one does."""
+    p, n = diff.prefix_len, diff.expected.shape[0]
+    read = torch.ones_like(diff.expected)
+    if "prefix" in diff.ignored_regions:
+        read[:, :p] = False
+    read[num_rows:] = False
+    flat, want, mask = diff.expected.reshape(-1), diff.effective.reshape(-1), read.reshape(-1)
+    size, wrong = flat.numel(), (flat != want) & mask   # every wrong element must be one the shift explains
+    reach = min(size - 1, 2 * (p + n))   # a shift is by at most two rows; further is a different layout
+    for s in sorted(range(-reach, reach + 1), key=abs):
+        if s == 0:
+            continue
+        moved, judged = torch.zeros_like(flat), mask.clone()   # elements moved in from outside the block: not judged
+        if s > 0:
+            moved[s:], judged[:s] = flat[:size - s], False
+        else:
+            moved[:size + s], judged[size + s:] = flat[-s:], False
+        if bool((moved == want)[judged].all()) and not bool((wrong & ~judged).any()):
+            return s
+    return None
 
 
 def derived_parents(diff: MaskDiff, num_rows: int) -> list[int] | None:

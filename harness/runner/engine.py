@@ -16,7 +16,7 @@ from harness.model.llama import LlamaModel
 from harness.runner.graph import GraphRunner
 from harness.runner.pipeline import Pipeline
 from harness.runner.settings import PromptSpec, RunSettings, UsageError
-from harness.ddtree.accept import Acceptance
+from harness.ddtree.accept import Acceptance, cut_at_stop
 from harness.ddtree.accept_sglang import pick_acceptors
 from harness.ddtree.drafter import DrafterConfig, NoisyOracleDrafter
 from harness.ddtree.tree import DraftTree
@@ -131,9 +131,11 @@ class Engine:
             step += 1
 
     def _retire_finished(self) -> list[Request]:
-        """Free the memory of requests that have all their tokens; return the rest."""
+        """Free the memory of requests that have all their tokens or emitted the
+        end-of-sequence token; return the rest."""
         for r in self.requests:
-            if not r.finished and len(r.emitted) >= self.s.max_new_tokens:
+            stopped = self.s.eos_id is not None and self.s.eos_id in r.emitted
+            if not r.finished and (len(r.emitted) >= self.s.max_new_tokens or stopped):
                 self._finish(r)
         return [r for r in self.requests if not r.finished]
 
@@ -155,11 +157,16 @@ class Engine:
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         findings = self._canary(step, active, vb)
         out = []
+        flat = logits.argmax(-1).tolist() if p.read_bonus is not None else None
         for b, (r, tree) in enumerate(zip(active, trees)):
             rows = slice(b * q, (b + 1) * q)
             predicts = logits[rows].argmax(-1).tolist()
             acc = self.accept(tree, predicts)
+            if flat is not None:
+                acc = Acceptance(acc.rows, p.read_bonus(flat, b, q, trees, acc))
+            acc = p.stop(tree, acc, s.eos_id)
             cross = self.cross_accept(tree, predicts) if self.cross_accept else None
+            cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
                                    tuple(loc[rows].tolist()), acc, cross, drafts[b]))
         self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu())

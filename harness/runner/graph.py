@@ -24,6 +24,7 @@ class GraphOptions:
     capture_custom_mask: bool = True    # False: captured causal, the tree is ignored at replay
     refill_mask: bool = True
     refill_kv_indices: bool = True
+    refill_positions: bool = True
     mask_buffer_for_bucket: bool = True  # False: the kernel is handed a mask declared with the live
                                          # batch's length, shorter than mask_indptr[-1] under batch
                                          # padding (SGLang issue 6309); it reads past the end
@@ -120,8 +121,9 @@ class GraphRunner:
         t = bs * n
         st.input_ids[:t] = vb.input_ids
         st.input_ids[t:] = 0
-        st.positions[:t] = vb.positions
-        st.positions[t:] = 0
+        if self.options.refill_positions or fresh:
+            st.positions[:t] = vb.positions
+            st.positions[t:] = 0
         st.out_cache_loc[:t] = vb.attn.out_cache_loc
         st.out_cache_loc[t:] = PADDING_SLOT
         dummies = bucket - bs

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.runner.graph import GraphOptions
-from harness.ddtree.accept import greedy_walk
+from harness.ddtree.accept import cut_at_stop, greedy_walk
 from harness.ddtree.commit import commit_kv
 from harness.ddtree.mask import flat_custom_mask
 from harness.ddtree.tree import build_tree
@@ -24,6 +24,7 @@ class Pipeline:
     build_mask: Callable = flat_custom_mask         # (trees, prefix_lens) -> (custom_mask, mask_indptr)
     build_verify_batch: Callable = build_verify_batch
     accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
+    stop: Callable = cut_at_stop                    # (tree, acceptance, eos_id) -> acceptance committed
     commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len
     graph: GraphOptions = GraphOptions()
     # what build_tree claims to be: "ddtree-best-first" (the budget best draft prefixes, at most topk
@@ -33,3 +34,6 @@ class Pipeline:
     # a batched commit replaces `commit` when set (a port's own commit code):
     # (req_pool, kv_pool, req_pool_indices, seq_lens, out_cache_loc [bs*q_len], trees, acceptances) -> seq_lens
     commit_batch: Optional[Callable] = None
+    # a batched bonus read replaces each acceptance's bonus when set:
+    # (predicts [bs*q_len] the batch's argmax, b, q_len, trees, acceptance) -> bonus token
+    read_bonus: Optional[Callable] = None

@@ -19,7 +19,8 @@ from harness.ddtree.tree import DraftTree
 NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short-graph-mask",
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
-         "bonus-from-wrong-node"}
+         "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
+         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -31,6 +32,8 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     assert len({f.expected_class for f in cat.values()}) == len(cat)  # the localizer can tell each apart
     for f in cat.values():
         assert f.breaks and f.shows_when and "\n" not in f.breaks + f.shows_when
+        assert isinstance(f.source, str) and len(f.source) <= 40
+    assert cat["padded-kv-visible"].source == "seed"
 
 
 @pytest.mark.parametrize("name,bad,good", [
@@ -45,6 +48,13 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("no-kv-compaction", {"topk": 1}, {"topk": 2}),
     ("padded-row-fully-masked", {"budget": 7, "backend": "torch"}, {"backend": "torch"}),
     ("bonus-from-wrong-node", {"accept": "sglang"}, {"accept": "walk"}),
+    ("stale-graph-positions", {"cuda_graph": True, "max_new_tokens": 9}, {"cuda_graph": True, "max_new_tokens": 10}),
+    ("mask-request-permutation", {"batch": 2, "topk": 1}, {"batch": 2, "topk": 2}),
+    ("mask-request-permutation", {"batch": 1, "topk": 2}, {"batch": 2, "topk": 2}),
+    ("bonus-stride-cross-request", {"batch": 1}, {"batch": 2}),
+    ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),  # no padding: packed = padded
+    ("duplicate-sibling-token", {"topk": 1}, {"topk": 2}),
+    ("commit-past-stop", {}, {"eos_id": 3}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")
@@ -76,6 +86,7 @@ def test_cli_lists_the_catalog_and_refuses_a_fault_that_cannot_show():
     assert out.exit_code == 0
     for name in NAMES:
         assert name in out.output
+    assert "source" in out.output and "SGLang #6309" in out.output and "seed" in out.output
     out = CliRunner().invoke(app, ["run", "--backend", "torch", "--no-cuda-graph", "--fault", "stale-kv-indices"])
     assert out.exit_code == 2
     assert "--cuda-graph" in out.output
@@ -162,3 +173,61 @@ def test_acceptance_audit_names_the_root_bonus():
     assert "last accepted row 3 (token 2)" in found.text
     found = audit_acceptance(step(greedy_walk(BRANCH, [6, 1, 1, 2])))  # stops at the root
     assert found.kind == "accept-rows" and "the greedy walk accepts [0, 1, 3]" in found.text
+
+
+# two depth-1 nodes (rows 1, 2), each with a child of token 7 (rows 3, 4): cousins repeating a token
+COUSINS = DraftTree((5, 6, 8, 7, 7), (None, 0, 0, 1, 2), (0, 1, 1, 2, 2), q_len=6)
+
+
+def test_level_map_acceptance_is_shadowed_by_a_cousin_with_the_same_token():
+    from harness.ddtree.accept import greedy_walk
+    from harness.localize.audits import audit_acceptance
+    from types import SimpleNamespace
+    predicts = [6, 7, 1, 2, 3, 4]                                # walk: 0 -> 1 -> 3, bonus 2
+    assert greedy_walk(COUSINS, predicts).rows == (0, 1, 3)
+    acc = cat_mod._accept_level_map(COUSINS, predicts)
+    assert acc.rows == (0, 1) and acc.bonus == 7                  # row 4 (parent 2) shadows row 3
+    assert cat_mod._accept_level_map(BRANCH, [6, 8, 1, 2]) == greedy_walk(BRANCH, [6, 8, 1, 2])  # no repeats: right
+    logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()
+    found = audit_acceptance(SimpleNamespace(step=0, rid=0, tree=COUSINS, logits=logits, acceptance=acc))
+    assert found.kind == "token-shadowed" and "row 4 (parent 2) repeats that token" in found.text
+
+
+def test_packed_bonus_offset_reads_another_requests_rows():
+    from types import SimpleNamespace
+    from harness.ddtree.accept import Acceptance
+    from harness.localize.audits import audit_batch_bonus
+    trees = [CHAIN, CHAIN]                                        # 3 real rows of q_len 5 each
+    flat = [10, 11, 12, 13, 14, 20, 21, 22, 23, 24]               # argmax per flat row
+    acc = Acceptance((0, 1), 22)                                  # request 1 ends at its row 1: bonus 21 ...
+    assert cat_mod._bonus_at_packed_offset(flat, 1, 5, trees, acc) == 14   # ... read at 3 + 1, request 0's row 4
+    assert cat_mod._bonus_at_packed_offset(flat, 0, 5, trees, acc) == 11   # request 0: packed = padded
+
+    def rs(b, bonus):
+        logits = torch.nn.functional.one_hot(torch.tensor(flat[b * 5:(b + 1) * 5]), VOCAB).float()
+        return SimpleNamespace(step=2, rid=b, tree=CHAIN, logits=logits, acceptance=Acceptance((0, 1), bonus))
+    assert audit_batch_bonus(SimpleNamespace(requests=(rs(0, 11), rs(1, 21)))) is None
+    found = audit_batch_bonus(SimpleNamespace(requests=(rs(0, 11), rs(1, 14))))
+    assert found.kind == "bonus-cross-request" and "flat row 4 (request 0, row 4)" in found.text
+
+
+def test_other_requests_tree_mask_and_shifted_positions():
+    branch = replace(BRANCH, q_len=6)
+    mask, indptr = cat_mod._mask_other_requests_tree([branch, COUSINS], [3, 2])
+    assert indptr.tolist() == [0, 6 * 9, 6 * 9 + 6 * 8]            # sized and placed per request ...
+    assert torch.equal(mask[:6 * 9].view(6, 9), request_mask_block(COUSINS, 3))   # ... filled with the other tree
+    assert torch.equal(mask[6 * 9:].view(6, 8), request_mask_block(branch, 2))
+    vb, _ = _batch(cat_mod._positions_shifted)
+    assert vb.positions.tolist() == [4, 5, 5, 6]                  # prefix 3 + depths 0, 1, 1, 2, all + 1
+
+
+def test_stop_ignored_commits_past_the_eos_and_the_audit_says_so():
+    from types import SimpleNamespace
+    from harness.ddtree.accept import Acceptance
+    from harness.localize.audits import audit_stop
+    chain = DraftTree((5, 6, 7, 8), (None, 0, 1, 2), (0, 1, 2, 3), q_len=5)
+    acc = Acceptance((0, 1, 2, 3), 9)
+    assert cat_mod._stop_ignored(chain, acc, 7) == acc
+    found = audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=acc), 7)
+    assert found.kind == "past-stop" and "rows [2, 3] and the bonus 9" in found.text
+    assert audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=Acceptance((0, 1), 7)), 7) is None

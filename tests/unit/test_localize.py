@@ -58,8 +58,8 @@ def test_probe_names_leaked_padding_keys_and_their_slots(backend_name):
     assert [d.key_roles[c] for c in (7, 8, 11)] == ["root", "node:1", "padding:4"]
     assert d.key_slots[11] == 204 and d.key_slots[0] == 1
     ev = Evidence("step 0, request 0, node 0 (depth 0)", "node", 0, TREES[0].num_rows, probes=diffs, node=0)
-    cls, cause = classify(ev)
-    assert cls == "padding-leak" and "keys 4-5" in cause and "204-205" in cause
+    cause = classify(ev)
+    assert cause.cls == "padding-leak" and "keys 4-5" in cause.text and "204-205" in cause.text
 
 
 @pytest.mark.parametrize("backend_name", backends())
@@ -68,20 +68,19 @@ def test_probe_reads_a_row_stride_shift(backend_name):
     d = diffs[1]
     assert d.leaked or d.blocked
     assert row_stride_explains(d, TREES[1].num_rows) == 3        # prefix + real rows
-    cls, _ = classify(Evidence("x", "node", 1, TREES[1].num_rows, probes=[d]))
-    assert cls == "mask-shift"
+    assert classify(Evidence("x", "node", 1, TREES[1].num_rows, probes=[d])).cls == "mask-shift"
 
 
 def test_probe_sees_empty_rows_on_a_backend_that_reads_the_prefix():
     diffs, vis = probe("torch", faults._mask_padding_rows_empty)
     assert diffs[0].empty_rows == [4, 5] and not diffs[0].leaked and not diffs[0].blocked
-    assert classify(Evidence("x", "node", 0, 4, probes=diffs))[0] == "fully-masked-row"
+    assert classify(Evidence("x", "node", 0, 4, probes=diffs)).cls == "fully-masked-row"
 
 
 def test_rectangle_mask_is_named_by_which_requests_stay_right():
     diffs, _ = probe("torch", faults._mask_rectangle)
     assert diffs[0].clean and not diffs[1].clean                 # request 0 has the longest prefix
-    assert classify(Evidence("x", "node", 1, 3, probes=diffs))[0] == "batch-mask-layout"
+    assert classify(Evidence("x", "node", 1, 3, probes=diffs)).cls == "batch-mask-layout"
 
 
 def test_relabelled_mask_reveals_a_child_numbered_before_its_parent():
@@ -92,7 +91,7 @@ def test_relabelled_mask_reveals_a_child_numbered_before_its_parent():
     parents = derived_parents(d, 4)
     assert parents == [-1, 3, 0, 0]                              # row 1 (node 3) hangs under row 3 (node 1)
     ev = Evidence("x", "node", 0, 4, inputs=audit_inputs(vb, TREES)[0], probes=[d])
-    assert ev.inputs.kind == "permuted" and classify(ev)[0] == "node-order"
+    assert ev.inputs.kind == "permuted" and classify(ev).cls == "node-order"
 
 
 def test_input_audit_names_wrong_positions():

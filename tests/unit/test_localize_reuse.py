@@ -39,3 +39,15 @@ def test_derive_shares_the_weights_and_refuses_another_model():
     assert q.engine.q_len == 9
     with pytest.raises(ValueError, match="keeps the model"):
         derive(p, replace(p.settings, seed=3))
+
+
+def test_a_localizer_out_of_memory_is_one_note_and_the_verdict_stands(monkeypatch):
+    import harness.localize as localize_pkg
+    p = prepare(RunSettings(backend="torch", max_new_tokens=6, fault="padded-kv-visible"))
+
+    def oom(*a, **k):
+        raise MemoryError()
+    monkeypatch.setattr(localize_pkg, "localize", oom)
+    summary = check(p, RecordWriter(None))
+    assert not summary.passed and summary.divergent_nodes > 0
+    assert any(n.startswith("localizer: not enough host memory") for n in summary.notes)

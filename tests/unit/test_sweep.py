@@ -80,7 +80,7 @@ def test_an_engine_that_raises_is_a_failing_setting_not_a_crash(monkeypatch):
     def boom(trees, prefix_lens):
         raise IndexError("mask buffer too short")
 
-    monkeypatch.setitem(catalog(), "test-raises", Fault("test-raises", "raises in build_mask", "always", "unexplained",
+    monkeypatch.setitem(catalog(), "test-raises", Fault("test-raises", "raises in build_mask", "always", "unknown",
                                                       lambda p: replace(p, build_mask=boom), lambda s, v: True))
     job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2, fault="test-raises"),
                      expect_fault="test-raises")
