@@ -159,6 +159,15 @@ TABLE = {
     "report interrupted total a string": lambda f: ["report", f.records({"kind": "interrupted", "total": "3"})],
     "report localize mask_probe a list": lambda f: ["report", f.records({"kind": "localize", "mask_probe": []},
                                                                         SUMMARY)],
+    # click's own parse errors, one line too
+    "run --budget sixteen": lambda f: [*RUN, "--budget", "sixteen"],
+    "run --no-such-option": lambda f: [*RUN, "--no-such-option"],
+    "run --seed with no value": lambda f: [*RUN, "--seed"],
+    "sweep --jobs two": lambda f: [*SWEEP, "--jobs", "two"],
+    "gate --json with no value": lambda f: ["gate", f.case(_case("")), "--json"],
+    "faults --seeds 1.5": lambda f: ["faults", "--check", "--seeds", "1.5"],
+    "report with no file": lambda f: ["report"],
+    "no such command": lambda f: ["rnu", "--budget", "4"],
     # other commands
     "cases --directory missing": lambda f: ["cases", "--directory", str(f.tmp / "none")],
     "reduce binary records": lambda f: ["reduce", f.file("bin.jsonl", b"\xff\xfe" * 100)],
