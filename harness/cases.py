@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.compare.acceptance_stats import AcceptanceBaseline
-from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, PromptSpec, RunSettings, UsageError
+from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PromptSpec, RunSettings, UsageError
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
@@ -163,6 +163,9 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
                           for v in values)
     if not good:
         raise _fail(path, f"{where}{axis}", f"a {name[:-1]} or a non-empty list of {name}", raw)
+    limit = LIMITS.get(axis)
+    if limit is not None and any(v > limit for v in values):
+        raise _fail(path, f"{where}{axis}", f"values <= {limit}", raw)
     if axis == "dtype" and any(v not in DTYPES for v in values):
         raise _fail(path, f"{where}{axis}", f"dtypes among {', '.join(DTYPES)}", raw)
     return tuple(dict.fromkeys(values))
@@ -214,8 +217,10 @@ def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:
         if ("length" in p) == bool(tokens):
             raise _fail(path, where + "length", "exactly one of 'length' or 'tokens'", p.get("length"))
         length = len(tokens) if tokens else _get(path, p, "length", where, int, None, "a positive integer")
-        if length < 1:
-            raise _fail(path, f"{where}length", "a positive integer", length)
+        from harness.runner.prompt_sources import MAX_PROMPT_LEN
+        if not 1 <= length <= MAX_PROMPT_LEN:
+            raise _fail(path, f"{where}{'tokens' if tokens else 'length'}", f"a length in [1, {MAX_PROMPT_LEN}]",
+                        length)
         out.append(PromptSpec(name, length, accuracy, tuple(tokens)))
     return tuple(out)
 
@@ -258,24 +263,24 @@ def _noise_rule(path: Path, dtype: str, table: dict) -> tuple[float, float, floa
 def load_case(path: Path) -> Case:
     """Parse and validate one case file; raises CaseError."""
     path = Path(path)
-    if path.is_dir():
-        raise CaseError(f"{path}: is a directory, not a case file (`ddcheck cases --directory {path}` lists the ones in it)")
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise CaseError(f"{path}: no such case file (`ddcheck cases` lists them)") from None
-    except OSError as e:
-        raise CaseError(f"{path}: cannot read the case file ({e.strerror or type(e).__name__})") from None
+    except IsADirectoryError:
+        raise CaseError(f"{path}: is a directory, not a case file") from None
     except UnicodeDecodeError as e:
-        raise CaseError(f"{path}: not UTF-8 text (byte {e.start}), so not a TOML case file") from None
-    except RecursionError:
-        raise CaseError(f"{path}: nested too deeply to be a case file") from None
+        raise CaseError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise CaseError(f"{path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise CaseError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:   # tomllib parses nested arrays recursively
+        raise CaseError(f"{path}: nested too deeply to be a case file") from None
     _check_keys(path, doc, _TOP_KEYS, "")
     base = RunSettings(
         model=_get(path, doc, "model", "", str, "tiny", "a model preset or checkpoint directory"),
-        seed=_get(path, doc, "seed", "", int, 0, "an integer"),
+        seed=_positive(path, doc, "seed", 0, minimum=0),
         max_new_tokens=_positive(path, doc, "max_new_tokens", 12),
         block_size=_positive(path, doc, "block_size", 8, minimum=2),
         backend="torch", impl=_impl(path, doc),
@@ -322,9 +327,10 @@ def _impl(path: Path, doc: dict) -> str | None:
 
 
 def _positive(path: Path, doc: dict, key: str, default: int, minimum: int = 1) -> int:
-    value = _get(path, doc, key, "", int, default, f"an integer >= {minimum}")
-    if value < minimum:
-        raise _fail(path, key, f"an integer >= {minimum}", value)
+    expected = f"an integer in [{minimum}, {LIMITS[key]}]"
+    value = _get(path, doc, key, "", int, default, expected)
+    if not minimum <= value <= LIMITS[key]:
+        raise _fail(path, key, expected, value)
     return value
 
 
@@ -346,14 +352,14 @@ def validate_faults(case: Case) -> None:
 
 def model_vocab(model: str) -> int:
     """The vocabulary size of a preset or checkpoint, without loading weights."""
-    from harness.model.presets import PRESETS, ModelLoadError, config_from_hf
+    from harness.model.presets import PRESETS, ModelLoadError, read_config
     if model in PRESETS:
         return PRESETS[model].vocab_size
     cfg = Path(model) / "config.json"
     if not cfg.is_file():
         raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} "
                              "(or a checkpoint directory)")
-    return config_from_hf(json.loads(cfg.read_text())).vocab_size
+    return read_config(Path(model)).vocab_size
 
 
 def discover(directory: Path = CASES_DIR) -> list[Path]:

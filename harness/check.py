@@ -75,6 +75,8 @@ class CheckSummary:
     notes: list[str] = field(default_factory=list)
     fault_class: str | None = None   # the localizer's class of the first divergence
     explanation: str | None = None   # the localizer's paragraph
+    stage: str | None = None         # the localizer's stage of the first wrong quantity
+    quantity: str | None = None      # and that quantity
     port: dict | None = None         # the port under test (--impl): which stages were its own
     audit_errors: int = 0            # structural findings on the port's metadata (audit records)
     audit_warnings: int = 0          # findings that change no logits on this kernel
@@ -176,6 +178,8 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
                              f"(vocab_size {cfg.vocab_size})")
+    if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
+        raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
     twin = None
     if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
@@ -346,6 +350,7 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
     summary.load_mismatches = len(p.load_mismatches)
     summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
     summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    summary.stage, summary.quantity = "load", first.what   # the loader produced the first wrong quantity
     writer.write(summary_record(p.settings, summary))
     return summary
 
@@ -585,6 +590,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    summary.stage, summary.quantity = loc.stage, loc.quantity
     if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
     if first.what == "provenance" and loc.fault_class == "unknown":

@@ -93,13 +93,16 @@ class RecordWriter:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write("\n".join(self.lines) + ("\n" if self.lines else ""))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; records are ordinary files
-        os.replace(tmp, self.path)
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("\n".join(self.lines) + ("\n" if self.lines else ""))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; records are ordinary files
+            os.replace(tmp, self.path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)   # no temporary file survives a failed write
 
 
 @functools.lru_cache(maxsize=1)

@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from harness.cli.common import USAGE_ERRORS, exit_usage
 
+
 class OneLineErrors(TyperGroup):
     """Click's own parse errors (a value that is no integer, an unknown option
     or command, a missing argument) as one stderr line and exit 2, like every
@@ -61,10 +62,9 @@ def main() -> None:
     import torch
     from harness.cli.common import threads_from_env
     try:
-        threads = threads_from_env(os.environ)
+        torch.set_num_threads(threads_from_env(os.environ))
     except USAGE_ERRORS as e:
         exit_usage(e)
-    torch.set_num_threads(threads)
     _register()
     try:
         app(standalone_mode=True)

@@ -10,27 +10,7 @@ import typer
 from harness.attn.base import BackendUnavailable
 from harness.model.presets import ModelLoadError
 from harness.oracle_lookup import OracleUnavailable
-from harness.runner.settings import UsageError, check_limit
-
-# worker processes of a sweep or gate (0: one per core); each holds a model (~0.5 GB), so more than this is no plan
-JOBS_MAX = 256
-# torch intra-op threads (DDCHECK_THREADS)
-THREADS_MAX = 1024
-
-
-def check_jobs(jobs: int) -> None:
-    check_limit("--jobs", jobs, 0, JOBS_MAX)
-
-
-def threads_from_env(environ) -> int:
-    """DDCHECK_THREADS (default 1): an integer in [1, THREADS_MAX], else a UsageError."""
-    raw = environ.get("DDCHECK_THREADS", "1")
-    try:
-        n = int(raw.strip())
-    except ValueError:
-        raise UsageError(f"DDCHECK_THREADS must be an integer, got {raw!r}") from None
-    check_limit("DDCHECK_THREADS", n, 1, THREADS_MAX)
-    return n
+from harness.runner.settings import UsageError
 
 # usage or environment errors: one line on stderr, exit 2, nothing written
 USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailable)
@@ -46,6 +26,27 @@ def exit_usage(e: Exception) -> NoReturn:
     """Outside typer's handling, in the console script's own frame."""
     typer.echo(f"ddcheck: error: {e}", err=True)
     sys.exit(2)
+
+
+MAX_JOBS = 256      # worker processes of a sweep or gate (each holds a model and an oracle)
+MAX_THREADS = 1024  # DDCHECK_THREADS: torch intra-op threads
+
+
+def check_jobs(jobs: int) -> None:
+    if not 0 <= jobs <= MAX_JOBS:
+        raise UsageError(f"--jobs must be in [0, {MAX_JOBS}] (0: one per core), got {jobs}")
+
+
+def threads_from_env(environ) -> int:
+    """DDCHECK_THREADS (default 1): a whole number of torch threads in [1, MAX_THREADS]."""
+    raw = environ.get("DDCHECK_THREADS", "1")
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_THREADS:
+        raise UsageError(f"DDCHECK_THREADS must be a whole number in [1, {MAX_THREADS}], got {raw!r}")
+    return n
 
 
 def pick_device(device: str) -> str:
@@ -88,6 +89,20 @@ def check_outputs(**paths) -> None:
             raise UsageError(f"{name} {p}: {parent} is not writable")
 
 
+def clear_stale(*paths) -> None:
+    """When a command's work starts (every input checked): outputs of the same
+    name from an earlier run are removed, with any temporary file beside them,
+    so a run killed half-way never leaves the previous run's "passed": true,
+    JUnit or HTML in place of its own."""
+    from pathlib import Path
+    for path in paths:
+        if path is None:
+            continue
+        p = Path(path)
+        p.unlink(missing_ok=True)
+        p.with_name(f".{p.name}.tmp").unlink(missing_ok=True)
+
+
 def write_text_atomic(path, text: str) -> None:
     """All or nothing: a temporary file beside `path`, renamed over it."""
     from pathlib import Path
@@ -99,16 +114,3 @@ def write_text_atomic(path, text: str) -> None:
         tmp.replace(path)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def clear_stale(**paths) -> None:
-    """Once every input is accepted, before any work: remove an earlier output of each name (flag name -> path
-    or None), so a run killed from now on leaves no previous verdict ("passed": true) under the name."""
-    from pathlib import Path
-    for path in paths.values():
-        if path is None:
-            continue
-        p = Path(path)
-        for old in (p, p.with_name(f".{p.name}.tmp")):
-            if old.is_symlink() or old.is_file():
-                old.unlink(missing_ok=True)

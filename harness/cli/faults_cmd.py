@@ -10,11 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_device, write_text_atomic
-from harness.runner.settings import check_limit
+from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_device, write_text_atomic
 
-# seeds of the fault-free matrix / per fault: each seed is a full matrix of runs
-SEEDS_MAX = 1000
+
+MAX_SEEDS = 1000   # seeds of the self-check's fault-free matrix, or per fault
 
 
 def _flags(s) -> str:
@@ -26,8 +25,10 @@ def _flags(s) -> str:
 @app.command()
 def faults(
     check: bool = typer.Option(False, "--check", help="run every fault where it can show, and the fault-free matrix"),
-    seeds: int = typer.Option(5, help="seeds of the fault-free matrix (--check)"),
-    fault_seeds: int = typer.Option(1, help="seeds each fault runs under (--check)"),
+    seeds: Optional[int] = typer.Option(None, help=f"seeds of the fault-free matrix (--check; default 5, at most "
+                                        f"{MAX_SEEDS})"),
+    fault_seeds: Optional[int] = typer.Option(None, help=f"seeds each fault runs under (--check; default 1, at most "
+                                              f"{MAX_SEEDS})"),
     quick: bool = typer.Option(False, help="short runs (--max-new-tokens 10) and a smaller fault-free matrix"),
     backend: str = typer.Option("torch", help="backend of the self-check (faults that need another get theirs)"),
     only: Optional[list[str]] = typer.Option(None, "--fault", help="check only these faults (repeatable)"),
@@ -38,6 +39,14 @@ def faults(
 ) -> None:
     """List the fault catalog; with --check, prove each is detected and named. Exit 1 on a miss or false alarm."""
     from harness.faults.registry import catalog
+    if not check:   # options of the self-check alone would be silently ignored: a usage error instead
+        given = {"--seeds": seeds is not None, "--fault-seeds": fault_seeds is not None, "--quick": quick,
+                 "--json": json_out is not None, "--impl": impl is not None, "--device": device != "auto",
+                 "--backend": backend != "torch"}
+        first = next((flag for flag, on in given.items() if on), None)
+        if first:
+            fail_usage(ValueError(f"{first} only applies to the self-check: add --check"))
+    seeds, fault_seeds = 5 if seeds is None else seeds, 1 if fault_seeds is None else fault_seeds
     cat = catalog()
     unknown = [n for n in only or [] if n not in cat]
     if unknown:   # with or without --check: a name that is no fault is a usage error, never an empty pass
@@ -51,26 +60,32 @@ def faults(
                 t.add_row(f.name, f.shows_when, f.breaks, f.expected_class, f.source or "-")
         Console().print(t)
         return
+    for flag, n in (("--seeds", seeds), ("--fault-seeds", fault_seeds)):
+        if not 1 <= n <= MAX_SEEDS:
+            fail_usage(ValueError(f"{flag} must be in [1, {MAX_SEEDS}], got {n}"))
     try:
-        check_limit("--seeds", seeds, 1, SEEDS_MAX)
-        check_limit("--fault-seeds", fault_seeds, 1, SEEDS_MAX)
         check_outputs(json=json_out)
     except USAGE_ERRORS as e:
         fail_usage(e)
+    clear_stale(json_out)
     from harness.faults.selftest import self_check
-    console = Console(stderr=True)
     rows = []
     try:
         if impl:
             from harness.ports.registry import parse_impl
             impl = parse_impl(impl).label
-        for row in self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device), impl=impl):
+        from harness.faults.selftest import CLEAN_MATRIX, CLEAN_QUICK
+        total = len(only or cat) * fault_seeds + seeds * len(CLEAN_QUICK if quick else CLEAN_MATRIX)
+        for n, row in enumerate(self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device),
+                                           impl=impl), 1):
+            # progress, one unwrapped line per run as it finishes (a CI log shows it live)
             if row is None:
-                console.print("skip: the port cannot run this setting, or replaces the stage the fault swaps")
+                typer.echo(f"[{n}/{total}] skip: the port cannot run this setting, or replaces the stage the "
+                           "fault swaps", err=True)
                 continue
             rows.append(row)
-            console.print(f"{row.fault or 'fault-free'} seed {row.settings.seed}: "
-                          f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)")
+            typer.echo(f"[{n}/{total}] {row.fault or 'fault-free'} seed {row.settings.seed}: "
+                       f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)", err=True)
     except USAGE_ERRORS as e:
         fail_usage(e)
     _print_table(rows)

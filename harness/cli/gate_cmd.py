@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, write_text_atomic
@@ -42,7 +43,7 @@ def gate(
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.cases import DEFAULT_CASE, load_case
-    from harness.cli.sweep_cmd import pick_case_device, print_frame, run_or_exit
+    from harness.cli.sweep_cmd import pick_case_device, print_results, run_or_exit
     from harness.gate import json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
     from harness.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
@@ -58,7 +59,7 @@ def gate(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    clear_stale(out=out, junit=junit, json=json_out, html=html)
+    clear_stale(out, junit, json_out, html)
     results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
     wall = time.perf_counter() - t0
     verdicts = judge(job_list, results)
@@ -67,10 +68,12 @@ def gate(
                        (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):
         if path:
             write_text_atomic(path, text)
-    print_frame(job_list, results)
     failed = [v for v in verdicts if not v.passed]
-    for v in failed:
-        typer.echo(f"FAIL {v.case} / {v.name}: {v.message}\n     reproduce: {v.setting}")
+    print_results(job_list, results, "gate", [f"FAIL {v.case} / {v.name}: {v.message} | reproduce: {v.setting}"
+                                              for v in failed])
+    if Console().is_terminal:
+        for v in failed:
+            typer.echo(f"FAIL {v.case} / {v.name}: {v.message}\n     reproduce: {v.setting}")
     if html:
         from harness.report.html import write_report
         write_report([out], html)

@@ -84,17 +84,15 @@ def run(
             run_side_by_side(s, impl, out, html)
         prepared = prepare(s)
     except SettingSkipped as e:
-        clear_stale(html=html)
         skipped(s, out, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
     except typer.Exit:   # a side-by-side run ends the command itself
         raise
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
-        clear_stale(html=html)
         crashed(s, RecordWriter(out or default_out(s)), e)
     path = out or default_out(s)
-    clear_stale(out=path, html=html)
+    clear_stale(path, html)
     writer = RecordWriter(path)
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
@@ -207,5 +205,5 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
                           "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
-    t.add_row("records", str(path))
     console.print(t)
+    typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

@@ -45,7 +45,9 @@ def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html
             prepared.append((impl, prepare(s)))
         except SettingSkipped as e:
             typer.echo(f"SKIP {impl}: {e}")
+    from harness.cli.common import clear_stale
     path = out or Path("reports") / "side-by-side.jsonl"
+    clear_stale(path, html)
     writer = RecordWriter(path)
     per_impl, failed = {}, False
     for impl, p in prepared:

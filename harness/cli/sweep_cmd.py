@@ -14,6 +14,7 @@ from rich.table import Table
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
 from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
+from harness.report.model import describe_first
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
 
@@ -48,17 +49,47 @@ def run_with_progress(jobs: list[SettingJob], n_jobs: int, title: str) -> list[S
             v = verdict(job, r)
             bar.console.print(f"[{VERDICT_COLOURS[v]}]{v}[/] {job.case}/{job.label or '-'} {short_label(job.settings)} "
                               f"({r.wall_s:.1f} s)",
-                              highlight=False, markup=True)
+                              highlight=False, markup=True, soft_wrap=True)
             bar.advance(task)
         return run_jobs(jobs, n_jobs, done)
 
 
-def print_frame(jobs: list[SettingJob], results: list[SettingResult]) -> None:
-    """The pandas summary, one row per setting, compact enough for a CI log."""
+def one_line(text: str) -> str:
+    """A record's sentence on one log line."""
+    return " ".join(str(text).split())
+
+
+def print_results(jobs: list[SettingJob], results: list[SettingResult], title: str,
+                  failures: list[str] | None = None) -> None:
+    """On a terminal, the table; in a CI log (no terminal) a tally line and one
+    line per failed setting: verdict, case/label, setting, first divergence and
+    explanation (`failures`: the gate's own lines instead)."""
+    if Console().is_terminal:
+        print_frame(jobs, results, title)
+        return
+    verdicts = [verdict(j, r) for j, r in zip(jobs, results)]
+    tally = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+    typer.echo(f"{title}: {len(jobs)} settings: " + ", ".join(f"{n} {v}" for v, n in tally.items()))
+    if failures is not None:
+        for line in failures:
+            typer.echo(one_line(line))
+        return
+    for j, r, v in zip(jobs, results, verdicts):
+        if v in ("pass", "caught", "skip"):
+            continue
+        first = r.usage_error or describe_first(r.summary)
+        why = (r.localize or {}).get("explanation") or r.summary.get("explanation")
+        named = r.summary.get("fault_class")
+        typer.echo(one_line(f"{v} {j.case}/{j.label or '-'} {short_label(j.settings)}: {first}"
+                            + (f"; {named}: {why}" if why else "")))
+
+
+def print_frame(jobs: list[SettingJob], results: list[SettingResult], title: str = "sweep") -> None:
+    """The pandas summary, one row per setting (on a terminal)."""
     df = summary_frame(jobs, results)
     df["setting"] = [f"{j.case}/{short_label(j.settings)}" for j in jobs]
     cols = ["#", "setting", "nodes", "divergent", "max_rel_err", "accepted", "first_divergence", "verdict", "seconds"]
-    t = Table(title="sweep summary")
+    t = Table(title=f"{title} summary")
     for c in cols:
         t.add_column(c, overflow="fold", no_wrap=c != "first_divergence", min_width=7 if c == "verdict" else None)
     for row in df[cols].itertuples(index=False):
@@ -135,18 +166,21 @@ def sweep(
         validate(job_list)
     except USAGE_ERRORS as e:
         fail_usage(e)
-    clear_stale(out=out, html=html)
+    clear_stale(out, html)
     results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
     write_jsonl(results, out)
-    print_frame(job_list, results)
-    typer.echo(f"records: {out}")
+    print_results(job_list, results, "sweep")
     if html:
         from harness.report.html import write_report
         write_report([out], html)
         typer.echo(f"report: {html}")
-    for line in unjudged_lines(results):
+    unjudged = unjudged_lines(results)
+    for line in unjudged:
         typer.echo(line, err=True)
-    raise typer.Exit(3 if unjudged_lines(results) else 0 if all(r.passed for r in results) else 1)
+    failing = sum(not r.passed for r in results)
+    state = "UNJUDGED" if unjudged else "PASS" if not failing else "FAIL"
+    typer.echo(f"sweep: {state}: {len(results)} settings, {failing} failing; records {out}")
+    raise typer.Exit(3 if unjudged else 0 if not failing else 1)
 
 
 def _flag(name: str) -> str:

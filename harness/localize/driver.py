@@ -26,6 +26,8 @@ class Localization:
     layer_bisect: dict | None
     graph_audit: list[str]
     kind: str = "localize"
+    stage: str | None = None      # the stage that produced the first wrong quantity (explain.STAGES), or None
+    quantity: str | None = None   # the first wrong quantity, in the domain's words
 
 
 def localize(p, first) -> Localization:
@@ -57,7 +59,8 @@ def localize(p, first) -> Localization:
     d = ev.probe()
     return Localization(first.step, first.request, first.node, first.depth, cause.cls, explanation(ev, cause),
                         d.to_record() if d is not None else None, kv.to_record(),
-                        ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph])
+                        ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph],
+                        stage=cause.stage, quantity=cause.quantity)
 
 
 def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> None:

@@ -15,12 +15,6 @@ SUPPORTED_ARCHS = {"LlamaForCausalLM": ({}, True, 2048),
                    "Qwen2ForCausalLM": ({"qkv_bias": True}, False, 32768),
                    "Qwen3ForCausalLM": ({"qk_norm": True}, True, 32768)}
 
-# the size keys the engine reads: each a positive integer; a config beyond these describes no model that
-# loads here (the layer count bounds the weight names listed per layer)
-SIZE_KEYS = {"vocab_size": 1 << 24, "hidden_size": 1 << 20, "intermediate_size": 1 << 22, "num_hidden_layers": 1024,
-             "num_attention_heads": 4096, "num_key_value_heads": 4096, "head_dim": 4096,
-             "max_position_embeddings": 1 << 24}
-
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -46,21 +40,6 @@ def _refusals(hf: dict, arch: str) -> list[str]:
     return found
 
 
-def _impossible_size(hf: dict) -> str | None:
-    """The first size key that is present and not an integer in [1, its bound] (null for an optional key is
-    HF's "absent"); checked before any arithmetic, so num_attention_heads 0 is a refusal, not a division by zero."""
-    for key, high in SIZE_KEYS.items():
-        if key not in hf or (hf[key] is None and key in ("num_key_value_heads", "head_dim", "max_position_embeddings")):
-            continue
-        v = hf[key]
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
-            return f"{key} must be an integer in [1, {high}], got {v!r}"
-    for key in ("rope_scaling", "rope_parameters"):
-        if hf.get(key) is not None and not isinstance(hf[key], dict):
-            return f"{key} must be an object, got {hf[key]!r}"
-    return None
-
-
 def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
     rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     theta = float(rope.get("rope_theta") or hf.get("rope_theta") or 10000.0)
@@ -73,6 +52,29 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
                               float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
 
 
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZE_KEYS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _check_sizes(hf: dict) -> None:
+    """Sizes are positive integers and the head layout divides, before anything
+    divides by them (issue 12: num_attention_heads 0 ended in ZeroDivisionError)."""
+    for key in SIZE_KEYS + OPTIONAL_SIZE_KEYS:
+        if key not in hf or (key in OPTIONAL_SIZE_KEYS and hf[key] is None):
+            continue
+        v = hf[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ModelLoadError(f"config.json: {key} must be a positive integer, got {v!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        v = hf.get(key)
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf")):
+            raise ModelLoadError(f"config.json: {key} must be a positive number, got {v!r}")
+    if "head_dim" not in hf and "hidden_size" in hf and "num_attention_heads" in hf \
+            and hf["hidden_size"] % hf["num_attention_heads"]:
+        raise ModelLoadError(f"config.json: hidden_size {hf['hidden_size']} is not a multiple of "
+                             f"num_attention_heads {hf['num_attention_heads']} (and no head_dim is given)")
+
+
 def config_from_hf(hf: dict) -> ModelConfig:
     """Raises ModelLoadError for an unsupported architecture, a math-changing
     key the engine does not implement or impossible values, KeyError for a
@@ -82,9 +84,6 @@ def config_from_hf(hf: dict) -> ModelConfig:
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
     if arch not in SUPPORTED_ARCHS:
         raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
-    impossible = _impossible_size(hf)
-    if impossible:
-        raise ModelLoadError(f"config.json describes no valid model: {impossible}")
     refused = _refusals(hf, arch)
     if refused:
         raise ModelLoadError(f"config.json sets {refused[0]}, which changes the math and is not supported")
@@ -92,6 +91,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
     flags = dict(implied)
     if reads_bias and hf.get("attention_bias"):
         flags.update(qkv_bias=True, o_bias=True)  # Llama and Qwen3: bias on q, k, v and o
+    _check_sizes(hf)
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
     fields = dict(

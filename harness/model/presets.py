@@ -74,6 +74,19 @@ def _shape(cfg: ModelConfig, name: str) -> tuple[int, int]:
     raise KeyError(name)
 
 
+def read_config(path: Path) -> ModelConfig:
+    """A checkpoint directory's config.json, parsed and validated; a ModelLoadError naming it otherwise."""
+    try:
+        return config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except KeyError as e:
+        raise ModelLoadError(f"--model {path}: config.json lacks {e}") from None
+    except ModelLoadError as e:
+        raise ModelLoadError(f"--model {path}: {e}") from None
+    except (ValueError, TypeError, RecursionError, OSError) as e:  # not JSON, not UTF-8, a key of the wrong
+        # type (architectures 5, rope_scaling "llama3"), nested too deep, unreadable
+        raise ModelLoadError(f"--model {path}: bad config.json ({type(e).__name__})") from None
+
+
 def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """config.json + *.safetensors from a local directory."""
     if not path.is_dir():
@@ -84,14 +97,7 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"--model {path}: no *.safetensors files")
-    try:
-        cfg = config_from_hf(json.loads(cfg_file.read_text()))
-    except KeyError as e:
-        raise ModelLoadError(f"--model {path}: config.json lacks {e}") from None
-    except ModelLoadError as e:
-        raise ModelLoadError(f"--model {path}: {e}") from None
-    except (ValueError, TypeError, RecursionError) as e:  # not JSON, not UTF-8, a key of the wrong type
-        raise ModelLoadError(f"--model {path}: bad config.json ({type(e).__name__}: {e})") from None
+    cfg = read_config(path)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     weights: dict[str, torch.Tensor] = {}

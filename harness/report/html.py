@@ -23,8 +23,14 @@ FULL_DETAIL_LIMIT = 4  # below this many settings, passing ones get every chart 
 
 def write_report(record_paths: list[Path], out: Path) -> list[SettingView]:
     """Render the records of one or more JSONL files into `out` (atomically); the runs it showed."""
+    from harness.report.model import ReportInputError
     views = group([Path(p) for p in record_paths])
-    html = render(views, [str(p) for p in record_paths])
+    try:
+        html = render(views, [str(p) for p in record_paths])
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, RecursionError) as e:
+        # a record the type table lets through but the page cannot draw: bad input, said in one line
+        raise ReportInputError(f"{', '.join(map(str, record_paths))}: records the report cannot render "
+                               f"({type(e).__name__}: {e}); are they ddcheck's?") from None
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")

@@ -57,3 +57,32 @@ def test_workers_die_with_a_killed_sweep(tmp_path):
     for w in alive:
         w.kill()
     assert not alive, f"{len(alive)} workers outlived the sweep"
+
+
+def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
+    """The previous run's JSONL, JUnit, JSON ("passed": true) and HTML are gone
+    once the gate's work starts: kill -9 while a setting runs leaves none of
+    them behind, and no temporary file."""
+    case = tmp_path / "c.toml"
+    case.write_text('max_new_tokens = 24\n[[matrix]]\nbudget = [4, 8, 16, 32]\ntopk = [1, 2]\n')
+    outs = {"--out": tmp_path / "g.jsonl", "--junit": tmp_path / "g.xml", "--json": tmp_path / "g.json",
+            "--html": tmp_path / "g.html"}
+    for p in outs.values():
+        p.write_text('{"passed": true}\n')
+    cmd = [sys.executable, "-c", "from harness.cli import main; main()", "gate", str(case), "--device", "cpu",
+           "--jobs", "2", *[x for flag, p in outs.items() for x in (flag, str(p))]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    deadline = time.time() + 240
+    while time.time() < deadline and not parent.children(recursive=True):   # a worker: the settings run
+        time.sleep(0.2)
+    workers = parent.children(recursive=True)
+    assert workers, "the gate started no worker"
+    proc.kill()
+    proc.wait(timeout=30)
+    time.sleep(1)
+    for w in workers:
+        if w.is_running():
+            w.kill()
+    left = sorted(p.name for p in tmp_path.iterdir() if p.name != "c.toml")
+    assert left == [], left

@@ -1,215 +1,257 @@
-"""One table of bad inputs across commands: each is exit 2, exactly one line on
-stderr (`ddcheck: error: ...`), no traceback, and nothing written, found
-before any engine work (so the whole table runs in seconds)."""
+"""Bad input across commands, one table: each row exits 2 with exactly one line
+on stderr, no traceback, and writes nothing (no output file, no temporary
+file). Every row fails before any engine work (issue 12)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-import harness.cli as cli
+from harness.cli import _register, app
 
-cli._register()
+_register()
 
-RUN = ["run", "--backend", "torch", "--max-new-tokens", "2", "--budget", "4"]
-SWEEP = ["sweep", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1"]
-HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
-      "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
-SUMMARY = {"kind": "summary", "setting": "ddcheck run", "passed": True, "nodes_checked": 1}
+TINY_HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+           "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
+CASE_OK = 'max_new_tokens = 2\n[[matrix]]\nbudget = [4]\n'
 
 
-class Inputs:
-    """Bad files in the test's folder, made on first use."""
+def _inputs(tmp: Path) -> dict[str, Path]:
+    """Bad input files, by name."""
+    files = {}
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    def text(name: str, body: str | bytes) -> None:
+        p = tmp / name
+        p.write_bytes(body) if isinstance(body, bytes) else p.write_text(body)
+        files[name] = p
 
-    def file(self, name: str, data: bytes | str) -> str:
-        p = self.tmp / name
-        p.write_bytes(data if isinstance(data, bytes) else data.encode())
-        return str(p)
-
-    def folder(self, name: str = "a_folder") -> str:
-        p = self.tmp / name
-        p.mkdir(exist_ok=True)
-        return str(p)
-
-    def case(self, text: str) -> str:
-        return self.file("case.toml", text)
-
-    def records(self, *recs) -> str:
-        return self.file("r.jsonl", "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in recs))
-
-    def checkpoint(self, **changes) -> str:
-        d = self.tmp / "ckpt"
+    def ckpt(name: str, **config) -> None:
+        d = tmp / name
         d.mkdir()
-        (d / "config.json").write_text(json.dumps({**HF, **changes}))
+        (d / "config.json").write_text(json.dumps({**TINY_HF, **config}))
         (d / "model.safetensors").write_bytes(b"x")
-        return str(d)
+        files[name] = d
+
+    (tmp / "a_dir").mkdir()
+    files["a_dir"] = tmp / "a_dir"
+    text("not_utf8.toml", b'name = "\xff\xfe"\n[[matrix]]\nbudget = [4]\n')
+    text("case_mnt0.toml", 'max_new_tokens = 0\n[[matrix]]\nbudget = [4]\n')
+    text("case_budget_huge.toml", 'max_new_tokens = 2\n[[matrix]]\nbudget = [2000]\n')
+    text("case_topk_huge.toml", 'max_new_tokens = 2\n[[matrix]]\ntopk = [100]\n')
+    text("case_block_huge.toml", 'block_size = 100000\n[[matrix]]\nbudget = [4]\n')
+    text("case_seed_neg.toml", 'seed = -1\n[[matrix]]\nbudget = [4]\n')
+    text("case_prompt_huge.toml", CASE_OK + '[[prompts]]\nname = "p"\nlength = 1000000000\naccuracy = 0.5\n')
+    text("case_name_int.toml", 'name = 5\n' + CASE_OK)
+    text("case_matrix_int.toml", 'matrix = 5\n')
+    text("case_batch_str.toml", 'max_new_tokens = 2\n[[matrix]]\nbatch = ["two"]\n')
+    text("case_ok.toml", CASE_OK)
+    text("binary.jsonl", bytes(range(256)) * 4)
+    text("nested.jsonl", '{"kind": "summary", "x": ' + "[" * 100000 + "]" * 100000 + "}\n")
+    text("setting_int.jsonl", '{"kind": "summary", "setting": 5, "passed": true}\n')
+    text("step_str.jsonl", '{"kind": "node", "setting": "a", "step": "q", "request": 0, "node": 0}\n')
+    text("first_int.jsonl", '{"kind": "summary", "setting": "a", "passed": false, "first": 3}\n')
+    text("passed_str.jsonl", '{"kind": "summary", "setting": "a", "passed": "yes"}\n')
+    text("list.jsonl", "[1, 2]\n")
+    text("not_json.jsonl", "{kind: summary\n")
+    text("prompts.json", "[1, 2, 3]")
+    ckpt("heads0", num_attention_heads=0)
+    ckpt("hidden_str", hidden_size="16")
+    ckpt("hidden_odd", hidden_size=15, num_attention_heads=2)
+    ckpt("eps_neg", rms_norm_eps=-1.0)
+    ckpt("vocab0", vocab_size=0)
+    ckpt("arch_int", architectures=5)
+    ckpt("rope_str", rope_scaling="llama3")
+    text("case_nested.toml", "a = " + "[" * 100000 + "]" * 100000 + "\n")
+    text("kind_list.jsonl", '{"kind": ["summary"], "setting": "a"}\n')
+    return files
 
 
-def _case(body: str) -> str:
-    return f"max_new_tokens = 2\n{body}\n[[matrix]]\nbudget = [4]\n"
+FAST = ["--backend", "torch", "--max-new-tokens", "2", "--budget", "4"]
 
 
-# name -> argv built from the test's Inputs
-TABLE = {
+def _run(*flags: str):
+    return lambda f, o: ["run", *FAST, *flags, "--out", str(o / "r.jsonl"), "--html", str(o / "r.html")]
+
+
+def _run_with(make):
+    return lambda f, o: ["run", *FAST, *make(f), "--out", str(o / "r.jsonl")]
+
+
+def _sweep(*flags: str):
+    return lambda f, o: ["sweep", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1", *flags,
+                         "--out", str(o / "s.jsonl"), "--html", str(o / "s.html")]
+
+
+def _sweep_case(name: str):
+    return lambda f, o: ["sweep", "--case", str(f[name]), "--jobs", "1", "--out", str(o / "s.jsonl")]
+
+
+def _gate(case: str | None, *flags: str):
+    return lambda f, o: ["gate", *([str(f[case])] if case else []), "--jobs", "1", *flags,
+                         "--out", str(o / "g.jsonl"), "--junit", str(o / "g.xml"), "--json", str(o / "g.json"),
+                         "--html", str(o / "g.html")]
+
+
+def _faults(*flags: str):
+    return lambda f, o: ["faults", *flags, "--json", str(o / "f.json")] if "--check" in flags else ["faults", *flags]
+
+
+def _report(name: str):
+    return lambda f, o: ["report", str(f[name]), "-o", str(o / "r.html")]
+
+
+BAD = {
     # run: numeric limits
-    "run --block-size 100000": lambda f: [*RUN, "--block-size", "100000"],
-    "run --block-size 1": lambda f: [*RUN, "--block-size", "1"],
-    "run --budget 0": lambda f: ["run", "--budget", "0"],
-    "run --budget 100000": lambda f: ["run", "--budget", "100000"],
-    "run --topk 0": lambda f: [*RUN, "--topk", "0"],
-    "run --topk 100000": lambda f: [*RUN, "--topk", "100000"],
-    "run --seed 2**70": lambda f: [*RUN, "--seed", str(2 ** 70)],
-    "run --seed -1": lambda f: [*RUN, "--seed", "-1"],
-    "run --seed 2**32": lambda f: [*RUN, "--seed", str(2 ** 32)],
-    "run --batch 0": lambda f: [*RUN, "--batch", "0"],
-    "run --batch 100000": lambda f: [*RUN, "--batch", "100000"],
-    "run --max-new-tokens 0": lambda f: ["run", "--max-new-tokens", "0"],
-    "run --max-new-tokens 10**9": lambda f: ["run", "--max-new-tokens", str(10 ** 9)],
-    "run --stop-after -1": lambda f: [*RUN, "--stop-after", "-1"],
-    "run --stop-after 2**70": lambda f: [*RUN, "--stop-after", str(2 ** 70)],
-    "run --eos-id -1": lambda f: [*RUN, "--eos-id", "-1"],
-    "run --eos-id 2**40": lambda f: [*RUN, "--eos-id", str(2 ** 40)],
-    "run --tolerance 0": lambda f: [*RUN, "--tolerance", "0"],
-    "run --tolerance 2": lambda f: [*RUN, "--tolerance", "2"],
-    "run --tolerance nan": lambda f: [*RUN, "--tolerance", "nan"],
-    "run --prompt-len 0": lambda f: [*RUN, "--prompt-len", "0"],
-    "run --prompt-len huge": lambda f: [*RUN, "--prompt-len", str(10 ** 9)],
-    "run --prompt-len letters": lambda f: [*RUN, "--prompt-len", "ten"],
-    # run: other options and flags that only make sense together
-    "run --dtype float8": lambda f: [*RUN, "--dtype", "float8"],
-    "run --accept greedy": lambda f: [*RUN, "--accept", "greedy"],
-    "run --verdict maybe": lambda f: [*RUN, "--verdict", "maybe"],
-    "run --oracle-device tpu": lambda f: [*RUN, "--oracle-device", "tpu"],
-    "run --device mps": lambda f: [*RUN, "--device", "mps"],
-    "run --fault unknown": lambda f: [*RUN, "--fault", "no-such-fault"],
-    "run --tf32 on bfloat16": lambda f: [*RUN, "--tf32", "--dtype", "bfloat16"],
-    "run --port-stages without --impl": lambda f: [*RUN, "--port-stages", "build"],
-    "run two prompt sources": lambda f: [*RUN, "--prompt-len", "8", "--case", f.case(_case(""))],
-    "run --noise-rule on float32": lambda f: [*RUN, "--noise-rule", "2,1e-3,0.1"],
-    # run: bad files
-    "run --case not UTF-8": lambda f: [*RUN, "--case", f.file("bad.toml", b'name = "\xff\xfe"\n')],
-    "run --case a directory": lambda f: [*RUN, "--case", f.folder()],
-    "run --case missing": lambda f: [*RUN, "--case", str(f.tmp / "missing.toml")],
-    "run --prompt-file a directory": lambda f: [*RUN, "--prompt-file", f.folder()],
-    "run --prompt-file not UTF-8": lambda f: [*RUN, "--prompt-file", f.file("p.txt", b"\xff\xfe\x00")],
-    "run --prompt-file negative ids": lambda f: [*RUN, "--prompt-file", f.file("p.json", "[1, -2]")],
-    # run: impossible checkpoints
-    "config num_attention_heads 0": lambda f: [*RUN, "--model", f.checkpoint(num_attention_heads=0)],
-    "config num_attention_heads -4": lambda f: [*RUN, "--model", f.checkpoint(num_attention_heads=-4)],
-    "config hidden_size a string": lambda f: [*RUN, "--model", f.checkpoint(hidden_size="16")],
-    "config num_hidden_layers 10**9": lambda f: [*RUN, "--model", f.checkpoint(num_hidden_layers=10 ** 9)],
-    "config vocab_size 0": lambda f: [*RUN, "--model", f.checkpoint(vocab_size=0)],
-    "config num_key_value_heads 0": lambda f: [*RUN, "--model", f.checkpoint(num_key_value_heads=0)],
-    "config architectures a number": lambda f: [*RUN, "--model", f.checkpoint(architectures=5)],
-    "config rope_scaling a string": lambda f: [*RUN, "--model", f.checkpoint(rope_scaling="llama3")],
+    "run budget 0": _run("--budget", "0"),
+    "run budget 100000": _run("--budget", "100000"),
+    "run topk 0": _run("--topk", "0"),
+    "run topk 65": _run("--topk", "65"),
+    "run block-size 1": _run("--block-size", "1"),
+    "run block-size 100000": _run("--block-size", "100000"),
+    "run batch 0": _run("--batch", "0"),
+    "run batch 257": _run("--batch", "257"),
+    "run max-new-tokens 0": _run("--max-new-tokens", "0"),
+    "run max-new-tokens 1e8": _run("--max-new-tokens", "100000000"),
+    "run seed -1": _run("--seed", "-1"),
+    "run seed 2^70": _run("--seed", str(2 ** 70)),
+    "run stop-after -1": _run("--stop-after", "-1"),
+    "run stop-after 1e20": _run("--stop-after", str(10 ** 20)),
+    "run eos-id -1": _run("--eos-id", "-1"),
+    "run eos-id beyond vocab": _run("--eos-id", "100000"),
+    "run tolerance 0": _run("--tolerance", "0"),
+    "run tolerance 1.5": _run("--tolerance", "1.5"),
+    "run tolerance nan": _run("--tolerance", "nan"),
+    "run prompt-len 0": _run("--prompt-len", "0"),
+    "run prompt-len abc": _run("--prompt-len", "abc"),
+    "run prompt-len huge": _run("--prompt-len", str(10 ** 9)),
+    # run: names and flags that only make sense together
+    "run dtype float8": _run("--dtype", "float8"),
+    "run accept greedy": _run("--accept", "greedy"),
+    "run verdict nosuch": _run("--verdict", "nosuch"),
+    "run noise-floor on float32": _run("--verdict", "noise-floor"),
+    "run noise-floor with tolerance": _run("--dtype", "bfloat16", "--verdict", "noise-floor", "--tolerance", "0.01"),
+    "run tf32 on bfloat16": _run("--tf32", "--dtype", "bfloat16"),
+    "run tf32 on cpu": _run("--tf32", "--device", "cpu"),
+    "run port-stages without impl": _run("--port-stages", "build"),
+    "run oracle-device tpu": _run("--oracle-device", "tpu"),
+    "run device tpu": _run("--device", "tpu"),
+    "run fault nosuch": _run("--fault", "nosuch"),
+    "run fault cannot show": _run("--fault", "padded-kv-visible", "--topk", "4"),
+    "run model nosuch": _run("--model", "nosuch"),
+    "run backend nosuch": _run("--backend", "nosuch"),
+    "run impl nosuch": _run("--impl", "nosuch:/nowhere"),
+    "run prompt-file missing": _run("--prompt-file", "/nonexistent/prompts.json"),
+    "run prompt-len and prompt-file": _run_with(lambda f: ["--prompt-len", "5", "--prompt-file", str(f["prompts.json"])]),
+    # run: impossible checkpoint configs
+    "run config heads 0": _run_with(lambda f: ["--model", str(f["heads0"])]),
+    "run config hidden_size a string": _run_with(lambda f: ["--model", str(f["hidden_str"])]),
+    "run config hidden_size odd": _run_with(lambda f: ["--model", str(f["hidden_odd"])]),
+    "run config rms_norm_eps < 0": _run_with(lambda f: ["--model", str(f["eps_neg"])]),
+    "run config vocab 0": _run_with(lambda f: ["--model", str(f["vocab0"])]),
+    "run config architectures a number": _run_with(lambda f: ["--model", str(f["arch_int"])]),
+    "run config rope_scaling a string": _run_with(lambda f: ["--model", str(f["rope_str"])]),
+    # run: bad case files
+    "run case not utf-8": _run_with(lambda f: ["--case", str(f["not_utf8.toml"])]),
+    "run case a directory": _run_with(lambda f: ["--case", str(f["a_dir"])]),
+    "run case missing": _run_with(lambda f: ["--case", "/nonexistent/case.toml"]),
+    "run case with prompt-len": _run_with(lambda f: ["--case", str(f["case_ok.toml"]), "--prompt-len", "5"]),
     # sweep
-    "sweep --jobs -1": lambda f: [*SWEEP, "--jobs", "-1"],
-    "sweep --jobs 100000": lambda f: [*SWEEP, "--jobs", "100000"],
-    "sweep --budget 4,100000": lambda f: [*SWEEP, "--budget", "4,100000"],
-    "sweep --topk 0": lambda f: [*SWEEP, "--topk", "0"],
-    "sweep --batch 1,1000": lambda f: [*SWEEP, "--batch", "1,1000"],
-    "sweep --block-size 100000": lambda f: [*SWEEP, "--block-size", "100000"],
-    "sweep --seed 2**70": lambda f: [*SWEEP, "--seed", str(2 ** 70)],
-    "sweep --budget letters": lambda f: [*SWEEP, "--budget", "a,b"],
-    "sweep --case not UTF-8": lambda f: [*SWEEP, "--case", f.file("bad.toml", b'name = "\xff"\n')],
-    "sweep --case a directory": lambda f: [*SWEEP, "--case", f.folder()],
-    "sweep --case with --budget": lambda f: [*SWEEP, "--case", f.case(_case("")), "--budget", "4"],
-    # gate and its case files
-    "gate --jobs -1": lambda f: ["gate", f.case(_case("")), "--jobs", "-1"],
-    "gate --jobs 100000": lambda f: ["gate", f.case(_case("")), "--jobs", "100000"],
-    "gate case not UTF-8": lambda f: ["gate", f.file("bad.toml", b"max_new_tokens = 2 # \xff\n")],
-    "gate case a directory": lambda f: ["gate", f.folder()],
-    "gate case nested too deeply": lambda f: ["gate", f.case("a = " + "[" * 100_000 + "]" * 100_000)],
-    "gate case not TOML": lambda f: ["gate", f.case("[[matrix]\n")],
-    "gate case block_size 100000": lambda f: ["gate", f.case(_case("block_size = 100000"))],
-    "gate case seed 2**62": lambda f: ["gate", f.case(_case(f"seed = {2 ** 62}"))],
-    "gate case max_new_tokens 10**6": lambda f: ["gate", f.case("max_new_tokens = 1000000\n[[matrix]]\nbudget = [4]\n")],
-    "gate case budget 100000": lambda f: ["gate", f.case("max_new_tokens = 2\n[[matrix]]\nbudget = [100000]\n")],
-    "gate case topk 0": lambda f: ["gate", f.case("max_new_tokens = 2\n[[matrix]]\ntopk = [0]\n")],
-    "gate case unknown key": lambda f: ["gate", f.case(_case("budgets = 4"))],
-    "gate --fault unknown": lambda f: ["gate", f.case(_case("")), "--fault", "no-such-fault"],
+    "sweep budget 4,100000": _sweep("--budget", "4,100000"),
+    "sweep budget a,b": _sweep("--budget", "a,b"),
+    "sweep topk 0": _sweep("--topk", "0"),
+    "sweep batch 1,300": _sweep("--batch", "1,300"),
+    "sweep cuda-graph maybe": _sweep("--cuda-graph", "maybe"),
+    "sweep dtype float8": _sweep("--dtype", "float8"),
+    "sweep jobs -1": _sweep("--jobs", "-1"),
+    "sweep jobs 100000": _sweep("--jobs", "100000"),
+    "sweep block-size 100000": _sweep("--block-size", "100000"),
+    "sweep seed -1": _sweep("--seed", "-1"),
+    "sweep port-stages without impl": _sweep("--port-stages", "build"),
+    "sweep fault nosuch": _sweep("--fault", "nosuch"),
+    "sweep case and budget": lambda f, o: ["sweep", "--case", str(f["case_ok.toml"]), "--budget", "4",
+                                           "--out", str(o / "s.jsonl")],
+    "sweep case a directory": _sweep_case("a_dir"),
+    "sweep case not utf-8": _sweep_case("not_utf8.toml"),
+    "sweep case max_new_tokens 0": _sweep_case("case_mnt0.toml"),
+    "sweep case budget 2000": _sweep_case("case_budget_huge.toml"),
+    "sweep case block_size 100000": _sweep_case("case_block_huge.toml"),
+    "sweep case seed -1": _sweep_case("case_seed_neg.toml"),
+    "sweep case prompt length 1e9": _sweep_case("case_prompt_huge.toml"),
+    "sweep case name an integer": _sweep_case("case_name_int.toml"),
+    "sweep case matrix an integer": _sweep_case("case_matrix_int.toml"),
+    "sweep case batch a string": _sweep_case("case_batch_str.toml"),
+    # gate
+    "gate case a directory": _gate("a_dir"),
+    "gate case not utf-8": _gate("not_utf8.toml"),
+    "gate case topk 100": _gate("case_topk_huge.toml"),
+    "gate jobs 300": _gate("case_ok.toml", "--jobs", "300"),
+    "gate fault nosuch": _gate("case_ok.toml", "--fault", "nosuch"),
+    "gate device tpu": _gate("case_ok.toml", "--device", "tpu"),
     # faults
-    "faults --check --seeds 0": lambda f: ["faults", "--check", "--seeds", "0"],
-    "faults --check --seeds 100000": lambda f: ["faults", "--check", "--seeds", "100000"],
-    "faults --check --fault-seeds 0": lambda f: ["faults", "--check", "--fault-seeds", "0"],
-    "faults --check --fault-seeds 2**70": lambda f: ["faults", "--check", "--fault-seeds", str(2 ** 70)],
-    "faults --fault unknown": lambda f: ["faults", "--fault", "no-such-fault"],
+    "faults json without check": lambda f, o: ["faults", "--json", str(o / "f.json")],
+    "faults quick without check": _faults("--quick"),
+    "faults seeds without check": _faults("--seeds", "3"),
+    "faults seeds 0": _faults("--check", "--seeds", "0"),
+    "faults seeds 5000": _faults("--check", "--seeds", "5000"),
+    "faults fault-seeds 0": _faults("--check", "--fault-seeds", "0"),
+    "faults fault nosuch": _faults("--check", "--fault", "nosuch"),
     # report
-    "report binary": lambda f: ["report", f.file("bin.jsonl", bytes(range(256)) * 4)],
-    "report a directory": lambda f: ["report", f.folder()],
-    "report missing": lambda f: ["report", str(f.tmp / "missing.jsonl")],
-    "report nested too deeply": lambda f: ["report", f.records('{"kind": "node", "a": ' + "[" * 100_000
-                                                              + "]" * 100_000 + "}")],
-    "report not JSON": lambda f: ["report", f.records("{not json")],
-    "report a JSON list": lambda f: ["report", f.records([1, 2])],
-    "report kind a list": lambda f: ["report", f.records({"kind": ["summary"]})],
-    "report settings a number": lambda f: ["report", f.records({**SUMMARY, "settings": 3})],
-    "report passed a string": lambda f: ["report", f.records({**SUMMARY, "passed": "yes"})],
-    "report first a list": lambda f: ["report", f.records({**SUMMARY, "first": [1]})],
-    "report first.step a string": lambda f: ["report", f.records({**SUMMARY, "first": {"step": "x"}})],
-    "report node rel_err a word": lambda f: ["report", f.records({"kind": "node", "step": 0, "rel_err": "big"}, SUMMARY)],
-    "report node step a float": lambda f: ["report", f.records({"kind": "node", "step": 0.5}, SUMMARY)],
-    "report setting an object": lambda f: ["report", f.records({**SUMMARY, "setting": {"a": 1}})],
-    "report interrupted total a string": lambda f: ["report", f.records({"kind": "interrupted", "total": "3"})],
-    "report localize mask_probe a list": lambda f: ["report", f.records({"kind": "localize", "mask_probe": []},
-                                                                        SUMMARY)],
-    # click's own parse errors, one line too
-    "run --budget sixteen": lambda f: [*RUN, "--budget", "sixteen"],
-    "run --no-such-option": lambda f: [*RUN, "--no-such-option"],
-    "run --seed with no value": lambda f: [*RUN, "--seed"],
-    "sweep --jobs two": lambda f: [*SWEEP, "--jobs", "two"],
-    "gate --json with no value": lambda f: ["gate", f.case(_case("")), "--json"],
-    "faults --seeds 1.5": lambda f: ["faults", "--check", "--seeds", "1.5"],
-    "report with no file": lambda f: ["report"],
-    "no such command": lambda f: ["rnu", "--budget", "4"],
-    # other commands
-    "cases --directory missing": lambda f: ["cases", "--directory", str(f.tmp / "none")],
-    "reduce binary records": lambda f: ["reduce", f.file("bin.jsonl", b"\xff\xfe" * 100)],
+    "report binary": _report("binary.jsonl"),
+    "report deeply nested": _report("nested.jsonl"),
+    "report kind a list": _report("kind_list.jsonl"),
+    "gate case nested too deeply": _gate("case_nested.toml"),
+    "report setting an integer": _report("setting_int.jsonl"),
+    "report step a string": _report("step_str.jsonl"),
+    "report first an integer": _report("first_int.jsonl"),
+    "report passed a string": _report("passed_str.jsonl"),
+    "report a list": _report("list.jsonl"),
+    "report not JSON": _report("not_json.jsonl"),
+    "report a directory": _report("a_dir"),
 }
 
 
-def test_the_table_is_large():
-    assert len(TABLE) + len(BAD_THREADS) >= 60
-    assert len({argv_name.split()[0] for argv_name in TABLE}) >= 6   # run, sweep, gate, faults, report, config...
+def _files(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
 
 
-def _written(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*")}
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    return _inputs(tmp_path_factory.mktemp("inputs"))
 
 
-@pytest.mark.parametrize("name", TABLE)
-def test_bad_input_is_one_line_exit_2_with_nothing_written(name, tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)   # default outputs (reports/...) would land here
-    argv = TABLE[name](Inputs(tmp_path))
-    before = _written(tmp_path)
-    r = CliRunner().invoke(cli.app, argv)
-    assert r.exit_code == 2, (name, r.exit_code, r.output, r.exception)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ddcheck: error: "), (name, r.stderr)
-    assert "Traceback" not in r.output, name
-    assert _written(tmp_path) == before, (name, _written(tmp_path) - before)
+def assert_exit_2_one_line(exit_code: int, stderr: str, stdout: str, name: str) -> None:
+    assert exit_code == 2, (name, exit_code, stdout, stderr)
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddcheck: error: "), (name, stderr)
+    assert "Traceback" not in stderr + stdout, name
 
 
-BAD_THREADS = ["0", "-2", "two", "", "100000", "1.5", str(2 ** 70)]
+def test_the_table_is_large_enough():
+    assert len(BAD) >= 60
 
 
-@pytest.mark.parametrize("value", BAD_THREADS)
-def test_bad_ddcheck_threads_is_one_line_exit_2(value, tmp_path, monkeypatch, capsys):
-    """DDCHECK_THREADS is read by the console script's own frame, before any command."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DDCHECK_THREADS", value)
-    monkeypatch.setattr(sys, "argv", ["ddcheck", *RUN])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ddcheck: error: DDCHECK_THREADS"), err
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_is_exit_2_in_one_line_writing_nothing(name, inputs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # default outputs (reports/...) would land here
+    out = tmp_path / "out"
+    inputs_before = _files(inputs["a_dir"].parent)
+    r = CliRunner().invoke(app, BAD[name](inputs, out))
+    assert_exit_2_one_line(r.exit_code, r.stderr, r.stdout, name)
+    assert _files(tmp_path) == set(), (name, _files(tmp_path))   # no output, no temporary file
+    assert _files(inputs["a_dir"].parent) == inputs_before, name
+
+
+@pytest.mark.parametrize("threads", ["abc", "0", "100000"])
+def test_bad_ddcheck_threads_is_exit_2_in_one_line(threads, tmp_path):
+    """DDCHECK_THREADS is read by the console script itself, before any command."""
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "run", *FAST,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DDCHECK_THREADS": threads})
+    assert_exit_2_one_line(proc.returncode, proc.stderr, proc.stdout, threads)
+    assert "DDCHECK_THREADS" in proc.stderr and not out.exists()

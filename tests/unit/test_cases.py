@@ -62,7 +62,7 @@ MALFORMED = [
     ("length = 6", "length = 6\ntokens = [1, 2]", "prompts[0].length", "exactly one of"),
     ('name = "padded-kv-visible"', 'name = "no-such-fault"', "faults[0].name", "registered fault"),
     ('model = "tiny"', 'model = "tiny"\nbogus = 1', "bogus", "unknown key"),
-    ("max_new_tokens = 4", "max_new_tokens = 0", "max_new_tokens", "integer >= 1"),
+    ("max_new_tokens = 4", "max_new_tokens = 0", "max_new_tokens", "integer in [1, 8192]"),
     ("topk = 1", 'topk = 1\ndtype = "float8"', "matrix[0].dtype", "dtypes among"),
     ("topk = 1", 'topk = 1\ndtype = ["float32", "tf32"]', "matrix[0].dtype", "dtypes among"),
     ("[[prompts]]", "[tolerances]\ntf32 = 1e-3\n[[prompts]]", "tolerances.tf32", "unknown key"),
