@@ -275,6 +275,8 @@ def load_case(path: Path) -> Case:
         raise CaseError(f"{path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise CaseError(f"{path}: not valid TOML ({e})") from None
+    except RecursionError:   # tomllib parses nested arrays recursively
+        raise CaseError(f"{path}: nested too deeply to be a case file") from None
     _check_keys(path, doc, _TOP_KEYS, "")
     base = RunSettings(
         model=_get(path, doc, "model", "", str, "tiny", "a model preset or checkpoint directory"),

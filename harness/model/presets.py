@@ -82,7 +82,8 @@ def read_config(path: Path) -> ModelConfig:
         raise ModelLoadError(f"--model {path}: config.json lacks {e}") from None
     except ModelLoadError as e:
         raise ModelLoadError(f"--model {path}: {e}") from None
-    except (ValueError, RecursionError, OSError) as e:  # not JSON, not UTF-8, nested too deep, unreadable
+    except (ValueError, TypeError, RecursionError, OSError) as e:  # not JSON, not UTF-8, a key of the wrong
+        # type (architectures 5, rope_scaling "llama3"), nested too deep, unreadable
         raise ModelLoadError(f"--model {path}: bad config.json ({type(e).__name__})") from None
 
 

@@ -122,6 +122,8 @@ def read_jsonl(path: Path) -> list[dict]:
             raise ReportInputError(f"{path}: line {n}: JSON nested too deep for a ddcheck record") from None
         if not isinstance(rec, dict) or "kind" not in rec:
             raise ReportInputError(f"{path}: line {n}: not a ddcheck record (no 'kind')")
+        if not isinstance(rec["kind"], str):
+            raise ReportInputError(f"{path}: line {n}: not a ddcheck record ('kind' is not a string)")
         _typed(path, n, rec)
         out.append(rec)
     return out

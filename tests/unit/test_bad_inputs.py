@@ -64,6 +64,10 @@ def _inputs(tmp: Path) -> dict[str, Path]:
     ckpt("hidden_odd", hidden_size=15, num_attention_heads=2)
     ckpt("eps_neg", rms_norm_eps=-1.0)
     ckpt("vocab0", vocab_size=0)
+    ckpt("arch_int", architectures=5)
+    ckpt("rope_str", rope_scaling="llama3")
+    text("case_nested.toml", "a = " + "[" * 100000 + "]" * 100000 + "\n")
+    text("kind_list.jsonl", '{"kind": ["summary"], "setting": "a"}\n')
     return files
 
 
@@ -149,6 +153,8 @@ BAD = {
     "run config hidden_size odd": _run_with(lambda f: ["--model", str(f["hidden_odd"])]),
     "run config rms_norm_eps < 0": _run_with(lambda f: ["--model", str(f["eps_neg"])]),
     "run config vocab 0": _run_with(lambda f: ["--model", str(f["vocab0"])]),
+    "run config architectures a number": _run_with(lambda f: ["--model", str(f["arch_int"])]),
+    "run config rope_scaling a string": _run_with(lambda f: ["--model", str(f["rope_str"])]),
     # run: bad case files
     "run case not utf-8": _run_with(lambda f: ["--case", str(f["not_utf8.toml"])]),
     "run case a directory": _run_with(lambda f: ["--case", str(f["a_dir"])]),
@@ -197,6 +203,8 @@ BAD = {
     # report
     "report binary": _report("binary.jsonl"),
     "report deeply nested": _report("nested.jsonl"),
+    "report kind a list": _report("kind_list.jsonl"),
+    "gate case nested too deeply": _gate("case_nested.toml"),
     "report setting an integer": _report("setting_int.jsonl"),
     "report step a string": _report("step_str.jsonl"),
     "report first an integer": _report("first_int.jsonl"),
