@@ -72,7 +72,6 @@ def check_outputs(**paths) -> None:
     """Every output path (flag name -> path or None) is writable BEFORE any work:
     not a directory, not under a file, its folder creatable and writable.
     Raises UsageError naming the flag."""
-    import os
     from pathlib import Path
     for flag, path in paths.items():
         if path is None:
@@ -80,13 +79,19 @@ def check_outputs(**paths) -> None:
         p, name = Path(path), "--" + flag.replace("_", "-")
         if p.is_dir():
             raise UsageError(f"{name} {p}: is a directory")
-        parent = p.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if not parent.is_dir():
-            raise UsageError(f"{name} {p}: {parent} is not a directory")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"{name} {p}: {parent} is not writable")
+        check_creatable(name, p, p.parent)
+
+
+def check_creatable(name: str, p, parent) -> None:
+    """The nearest existing folder at or above `parent` is a writable directory,
+    so `p` (the flag `name`'s path) can be created there."""
+    import os
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{name} {p}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{name} {p}: {parent} is not writable")
 
 
 def clear_stale(*paths) -> None:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from harness.cli import app
-from harness.cli.common import USAGE_ERRORS, fail_usage
+from harness.cli.common import USAGE_ERRORS, check_creatable, fail_usage
 
 
 def default_out(records: Path) -> Path:
@@ -16,17 +16,10 @@ def default_out(records: Path) -> Path:
 
 def check_out_dir(out: Path) -> None:
     """DIR is a directory or can be made one, before any work."""
-    import os
     from harness.runner.settings import UsageError
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is not a directory")
-    parent = out
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--out {out}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: {parent} is not writable")
+    check_creatable("--out", out, out)
 
 
 @app.command()
