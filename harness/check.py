@@ -181,11 +181,16 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
     if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
         raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
-        twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
+    twin = twin_for(s, engine)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
                     oracle_device=oracle_device, twin=twin)
+
+
+def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
+    """The nodes' low-precision twins when the noise-floor verdict judges the run."""
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
+        return None
+    return CausalTwin(engine.model, engine.backend, s.device, engine.max_context + engine.q_len)
 
 
 def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
@@ -206,9 +211,7 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
     if pipeline is None:
         pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
     engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
-    twin = None
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is not None:
-        twin = CausalTwin(engine.model, backend, s.device, engine.max_context + engine.q_len)
+    twin = twin_for(s, engine)
     return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
                     oracle_device=p.oracle_device, twin=twin)
 
