@@ -75,6 +75,8 @@ class CheckSummary:
     notes: list[str] = field(default_factory=list)
     fault_class: str | None = None   # the localizer's class of the first divergence
     explanation: str | None = None   # the localizer's paragraph
+    stage: str | None = None         # the pipeline stage that produced the first wrong quantity
+    quantity: str | None = None      # the first wrong quantity (harness/localize/wrong.py QUANTITIES)
     port: dict | None = None         # the port under test (--impl): which stages were its own
     audit_errors: int = 0            # structural findings on the port's metadata (audit records)
     audit_warnings: int = 0          # findings that change no logits on this kernel
@@ -346,6 +348,7 @@ def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -
     summary.load_mismatches = len(p.load_mismatches)
     summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
     summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    summary.stage, summary.quantity = "load", first.what
     writer.write(summary_record(p.settings, summary))
     return summary
 
@@ -558,6 +561,8 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     first = summary.first
     if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
         summary.fault_class, summary.explanation = first.what, first.detail
+        if first.what == "tree":
+            summary.stage, summary.quantity = "build_tree", "tree"
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
@@ -568,7 +573,9 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         return
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    summary.stage, summary.quantity = loc.stage, loc.quantity
     if first.what == "accept-ref" and loc.fault_class == "unexplained":  # what was measured beats "unexplained"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
+        summary.stage, summary.quantity = "accept", "accepted_rows"
     if first.what == "provenance" and loc.fault_class == "unexplained":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.localize.audits import Finding, audit_acceptance, audit_inputs, audit_replay
+from harness.localize.attention_audit import audit_attention
+from harness.localize.audits import audit_inputs
 from harness.localize.explain import Evidence, classify, explanation
+from harness.localize.graph_audit import audit_graph
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
 from harness.localize.mask_probe import diff_request, dummy_request, probe_visibility
+from harness.localize.metadata_audit import audit_round
+from harness.localize.wrong import Wrong, first_wrong
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,11 @@ class Localization:
     kv_audit: dict | None
     layer_bisect: dict | None
     graph_audit: list[str]
+    stage: str | None = None          # the pipeline stage that produced the first wrong quantity
+    quantity: str | None = None       # the first wrong quantity (wrong.QUANTITIES)
+    first_wrong: dict | None = None   # Wrong.to_record() of it: expected and found values
+    metadata_audit: list[dict] = ()   # every wrong quantity found up to the divergent round (first 24)
+    attention_audit: dict | None = None  # the backend on random inputs through the divergent batch's metadata
     kind: str = "localize"
 
 
@@ -41,10 +50,17 @@ def localize(p, first) -> Localization:
         replay = engine.graph.last if engine.graph is not None else None
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
         audit_invariants(engine, result, kernel_kv, kv)
+        bad_before = kv.first_bad_position
         audit_cache(engine, result, oracle, tol, kv)
+        if bad_before is None and kv.first_bad_position is not None:
+            ev.wrongs.append(Wrong(kv.first_bad_step, "model", "kv_cache", kv.first_bad_request, kv.first_bad_position,
+                                   0.0, kv.rel_err, 1, f"the cached K/V of position {kv.first_bad_position} (layer "
+                                   f"{kv.first_bad_layer}) is off the oracle's by {kv.rel_err:.2e} (relative) while "
+                                   "its slot is the one req_to_token names"))
         ev.canary += list(result.provenance)
-        for rs in result.requests:
-            ev.accept = ev.accept or audit_acceptance(rs) or _cross_check_finding(rs)
+        ev.wrongs += audit_round(engine, result, oracle)
+        if replay is not None:
+            ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)
         if first.what == "accept" and result.step == first.step:
             break
         if first.what not in ("stream", "accept") and result.step == first.step:
@@ -52,9 +68,15 @@ def localize(p, first) -> Localization:
             break
     cls, cause = classify(ev)
     d = ev.probe()
-    return Localization(first.step, first.request, first.node, first.depth, cls, explanation(ev, cause),
+    w = first_wrong(ev.wrongs)
+    ordered = sorted(ev.wrongs, key=Wrong.order)
+    return Localization(first.step, first.request, first.node, first.depth, cls, explanation(ev, cause, cls),
                         d.to_record() if d is not None else None, kv.to_record(),
-                        ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph])
+                        ev.bisect.to_record() if ev.bisect is not None else None,
+                        [x.text for x in ordered if x.stage == "graph"][:24] or [f.text for f in ev.graph],
+                        w.stage if w else None, w.quantity if w else None, w.to_record() if w else None,
+                        [x.to_record() for x in ordered[:24]],
+                        next((x.to_record() for x in ev.wrongs if x.stage == "attention"), None))
 
 
 def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> None:
@@ -63,12 +85,14 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
     rids = [rs.rid for rs in result.requests]
     b = rids.index(first.request) if first.what != "batch-padding" else first.request
     ev.request_index = b
-    if replay is not None:
-        ev.graph = audit_replay(replay)
     meta = replay.meta if replay is not None else vb.attn
     cfg = engine.cfg
     vis = probe_visibility(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                            engine.s.torch_dtype, engine.s.device)
+    att = audit_attention(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, engine.s.device,
+                          result.step, vis)
+    if att is not None:
+        ev.wrongs.append(att)
     loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     kv_idx = meta.kv_indices.cpu().tolist()
     for i, tree in enumerate(trees):
@@ -90,15 +114,13 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         path = [rs.tree.tokens[a] for a in rs.tree.ancestors(first.node)]
         ref = oracle.path_hidden(list(rs.prefix) + path)
     ev.bisect = bisect(hidden, row, ref, tol)
-
-
-def _cross_check_finding(rs) -> Finding | None:
-    """The acceptor that drove the run and the cross-checked one disagree."""
-    if rs.cross_check is None or rs.cross_check == rs.acceptance:
-        return None
-    a, c = rs.acceptance, rs.cross_check
-    return Finding("accept-mismatch", f"step {rs.step}, request {rs.rid}: the acceptance stages disagree: "
-                                      f"rows {list(a.rows)} bonus {a.bonus} against rows {list(c.rows)} bonus {c.bonus}")
+    layer = ev.bisect.first_bad_layer
+    if layer is not None and ref is not None:
+        err = ev.bisect.rel_err_per_layer[layer]
+        ev.wrongs.append(Wrong(result.step, "model", "hidden", first.request, layer, 0.0, err, 1,
+                               f"the residual stream at node {first.node} leaves tolerance "
+                               + ("at the embedding" if layer == 0 else f"after layer {layer - 1}")
+                               + f" ({err:.2e} relative against the oracle's hidden state of the node's path)"))
 
 
 def _where(first) -> str:

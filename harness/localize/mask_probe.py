@@ -12,11 +12,12 @@ so every prefix column owns its value whatever slots the real indices hold.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from harness.ddtree.tree import DraftTree
+from harness.localize.roles import role_diff
 from harness.ddtree.verify_inputs import AttnMetadata
 
 
@@ -93,6 +94,7 @@ class MaskDiff:
     key_roles: list[str]
     key_slots: list[int]
     ignored_regions: list[str]
+    roles: dict = field(default_factory=lambda: {"gained": {}, "lost": {}})  # roles.role_diff of the real rows
 
     @property
     def clean(self) -> bool:
@@ -104,7 +106,7 @@ class MaskDiff:
                 "effective": self.effective.int().tolist(), "leaked": [list(x) for x in self.leaked],
                 "blocked": [list(x) for x in self.blocked], "empty_rows": self.empty_rows,
                 "key_roles": self.key_roles, "key_slots": self.key_slots,
-                "ignored_regions": self.ignored_regions}
+                "ignored_regions": self.ignored_regions, "gained": self.roles["gained"], "lost": self.roles["lost"]}
 
 
 def key_roles(tree: DraftTree, prefix_len: int) -> list[str]:
@@ -128,7 +130,8 @@ def diff_request(request: int, vis: Visibility, tree: DraftTree, key_slots: list
     leaked = (effective & ~expected & read & real).nonzero().tolist()
     blocked = (~effective & expected & read & real).nonzero().tolist()
     return MaskDiff(request, p, expected, effective, [tuple(x) for x in leaked], [tuple(x) for x in blocked],
-                    vis.empty.nonzero().flatten().tolist(), key_roles(tree, p), key_slots, ignored)
+                    vis.empty.nonzero().flatten().tolist(), key_roles(tree, p), key_slots, ignored,
+                    role_diff(expected, effective, tree, p, read & real))
 
 
 def derived_parents(diff: MaskDiff, num_rows: int) -> list[int] | None:
