@@ -211,7 +211,8 @@ def acceptance(engine, result, oracle) -> list[Wrong]:
             named.append(("sglang" if engine.s.accept == "walk" else "walk", rs.cross_check))
         for who, acc in named:
             drove = who == engine.s.accept
-            role = "the acceptor that drove the run" if drove else "the cross-checked acceptor"
+            role = ("the acceptor that drove the run" if drove else
+                    "the cross-checked acceptor (the two acceptance stages disagree)")
             if list(acc.rows) != rows:
                 i = next((k for k, (x, y) in enumerate(zip(acc.rows, rows)) if x != y), min(len(acc.rows), len(rows)))
                 out.append(Wrong(result.step, "accept", "accepted_rows", rs.rid, i, rows, list(acc.rows), 1,

@@ -30,8 +30,14 @@ class Wrong:
     hint: str = ""        # a pattern a catalog rule may match (e.g. "row-index", "rectangle"); not shown
 
     def order(self) -> tuple[int, int, int]:
-        # the cached K/V is read back after the round's commit: it ranks after every stage of its step
-        stage = len(STAGES) if self.quantity == "kv_cache" else STAGES.index(self.stage)
+        # the backend's arithmetic is wrong on any batch, the prefill's included: it ranks first
+        if self.quantity == "attention_output":
+            return (-1, STAGES.index(self.stage), 0)
+        # the cached K/V is read back after the round's commit: a committed prefix position (hint "prefix")
+        # was written before the round, by the prefill or an earlier round; a new one ranks after every stage
+        stage = STAGES.index(self.stage)
+        if self.quantity == "kv_cache":
+            stage = -1 if self.hint == "prefix" else len(STAGES)
         return (self.step, stage, QUANTITIES.index(self.quantity))
 
     def to_record(self) -> dict:
