@@ -1,0 +1,122 @@
+"""Mutation score (not CI: minutes). Applies each patch of
+benchmarks/mutations/ to a temporary copy of the working tree, runs its small
+setting set through the CLI (`python -m harness run ...`), stops at the first
+setting that fails, and scores:
+
+  caught     the run diverged (exit 1) and the first divergence is not a crash
+  explained  caught, and the summary's stage and quantity are the mutation's
+
+Prints a table and writes benchmarks/results/mutation-score.json.
+
+    PYTHONPATH=$PWD python benchmarks/mutation_score.py [--only NAME,NAME] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "benchmarks" / "mutations"
+COMMON = ["--max-new-tokens", "10", "--stop-after", "1"]
+SETTINGS = {   # small on purpose: a few budgets/topk, torch, plus SGLang's kernel and acceptor where relevant
+    "torch": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "2"],
+              ["--budget", "16", "--topk", "1", "--backend", "torch"]],
+    "graph": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "3", "--cuda-graph"]],
+    "sglang": [["--budget", "8", "--topk", "2", "--backend", "sglang-triton"]],
+    "sglang-accept": [["--budget", "8", "--topk", "2", "--backend", "torch", "--accept", "sglang", "--batch", "2"]],
+}
+
+
+def load_corpus() -> list[dict]:
+    return tomllib.loads((CORPUS / "mutations.toml").read_text())["mutation"]
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree's tracked and untracked-not-ignored files (what the patches are written against)."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for f in files:
+        src = ROOT / f
+        if src.is_file() and not f.startswith(("benchmarks/results/", "reports/")):
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+
+
+def run_setting(tree: Path, args: list[str]) -> tuple[int, dict | None, float]:
+    out = tree / "records.jsonl"
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run([sys.executable, "-m", "harness", "run", *args, *COMMON, "--out", str(out)], cwd=tree,
+                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True).returncode
+    summary = None
+    if out.exists():
+        lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+        summary = next((x for x in reversed(lines) if x.get("kind") == "summary"), None)
+    return rc, summary, time.perf_counter() - t0
+
+
+def score(m: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ddcheck-mutant-") as d:
+        tree = Path(d)
+        copy_tree(tree)
+        applied = subprocess.run(["git", "apply", str(CORPUS / m["patch"])], cwd=tree, capture_output=True, text=True)
+        row = {"name": m["name"], "file": m["file"], "expected_stage": m["stage"], "expected_quantity": m["quantity"],
+               "applied": applied.returncode == 0, "caught": False, "explained": False, "crash": False,
+               "exit": None, "setting": None, "stage": None, "quantity": None, "fault_class": None, "seconds": 0.0}
+        if applied.returncode:
+            return row
+        for key in m["settings"]:
+            for args in SETTINGS[key]:
+                rc, summary, secs = run_setting(tree, args)
+                row["seconds"] += secs
+                row.update(exit=rc, setting=" ".join(args))
+                if rc == 0:
+                    continue
+                s = summary or {}
+                first = s.get("first") or {}
+                row["crash"] = rc != 1 or first.get("what") == "crash"
+                row["caught"] = rc == 1 and first.get("what") != "crash"
+                row.update(stage=s.get("stage"), quantity=s.get("quantity"), fault_class=s.get("fault_class"),
+                           explanation=s.get("explanation"))
+                row["explained"] = row["caught"] and (row["stage"], row["quantity"]) == (m["stage"], m["quantity"])
+                return row
+        return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="", help="comma-separated mutation names")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mutation-score.json"))
+    a = ap.parse_args()
+    corpus = load_corpus()
+    if a.only:
+        corpus = [m for m in corpus if m["name"] in a.only.split(",")]
+    rows = []
+    print(f"{'mutation':36} {'expected':32} {'named':32} caught expl. secs")
+    for m in corpus:
+        r = score(m)
+        rows.append(r)
+        named = f"{r['stage']}/{r['quantity']}" if r["stage"] else ("crash" if r["crash"] else "-")
+        print(f"{r['name']:36} {m['stage'] + '/' + m['quantity']:32} {named:32} {'yes' if r['caught'] else 'NO':6} "
+              f"{'yes' if r['explained'] else 'no':5} {r['seconds']:.0f}", flush=True)
+    n = len(rows)
+    caught, explained = sum(r["caught"] for r in rows), sum(r["explained"] for r in rows)
+    print(f"\n{n} mutations: caught {caught}/{n} ({caught / max(n, 1):.0%}) as a divergence, "
+          f"explained {explained}/{n} ({explained / max(n, 1):.0%}) by the right stage and quantity")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"mutations": n, "caught": caught, "explained": explained,
+                                       "settings": SETTINGS, "common": COMMON, "rows": rows}, indent=1))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
