@@ -71,7 +71,7 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
         if probes is not None and probes[b].effective.shape == allowed.shape:
             wrong = (probes[b].effective != allowed) & live[:, None]
             misread = wrong.nonzero().tolist() or None
-        if misread:
+        if misread and _explains(out[rows], q[rows], keys, vals, probes[b].effective, head_dim):
             r, c = misread[0]
             return Wrong(step, "attention", "visibility", b, r, int(allowed[r, c]), int(probes[b].effective[r, c]),
                          len(misread), f"the backend applies another visibility than the metadata it was handed "
@@ -83,3 +83,14 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
                      f"rows {ranges(bad_rows)} of request index {b}, while it applies the visibility the "
                      "metadata gives: the arithmetic (scale, heads, softmax) is wrong")
     return None
+
+
+def _explains(got, q, keys, vals, effective, head_dim: int) -> bool:
+    """The backend's output is a right softmax over the visibility the probe measured: it misreads the mask,
+    its arithmetic is right."""
+    live = effective.any(-1)
+    scores = torch.einsum("qhd,khd->hqk", q, keys) / head_dim ** 0.5
+    scores = scores.masked_fill(~effective[None], float("-inf"))
+    ref = torch.einsum("hqk,khd->qhd", torch.softmax(scores[:, live], -1), vals)
+    err = float((got[live] - ref).abs().nan_to_num(float("inf")).amax()) / max(float(ref.abs().max()), 1e-30)
+    return err <= TOLERANCE

@@ -54,12 +54,14 @@ def localize(p, first) -> Localization:
         audit_cache(engine, result, oracle, tol, kv)
         if bad_before is None and kv.first_bad_position is not None:
             rs = next(x for x in result.requests if x.rid == kv.first_bad_request)
-            before = kv.first_bad_position < len(rs.prefix)   # written before this round: prefill or earlier
+            # positions committed before round 0 were written by the prefill and never checked; later a prefix
+            # position was checked after the previous round, so a wrong one was clobbered during this round
+            before = kv.first_bad_step == 0 and kv.first_bad_position < len(rs.prefix)
             ev.wrongs.append(Wrong(kv.first_bad_step, "model", "kv_cache", kv.first_bad_request, kv.first_bad_position,
                                    0.0, kv.rel_err, 1, f"the cached K/V of position {kv.first_bad_position} (layer "
                                    f"{kv.first_bad_layer}) is off the oracle's by {kv.rel_err:.2e} (relative) while "
                                    "its slot is the one req_to_token names"
-                                   + (", written before this round" if before else ""), "prefix" if before else ""))
+                                   + (", written by the prefill" if before else ""), "prefix" if before else ""))
         ev.canary += list(result.provenance)
         ev.wrongs += audit_round(engine, result, oracle)
         if replay is not None:
