@@ -576,6 +576,8 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     first = summary.first
     if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
         summary.fault_class, summary.explanation = first.what, first.detail
+        if first.what == "tree":
+            summary.stage, summary.quantity = "tree build", "tree"
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
@@ -596,5 +598,6 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     summary.stage, summary.quantity = loc.stage, loc.quantity
     if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
+        summary.stage, summary.quantity = summary.stage or "accept", summary.quantity or "accepted_rows"
     if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail
