@@ -195,3 +195,17 @@ def test_catalog_faults_keep_their_class_after_stage_and_quantity(name, cls):
     s = check(prepare(fault_settings(name, base_settings("torch", quick=True))), RecordWriter(None))
     assert s.fault_class == cls and s.stage and s.quantity
     assert s.explanation.index("First wrong quantity") < s.explanation.index(f"Catalog class: {cls}")
+
+
+def _indptr_one_row_too_far(trees, prefix_lens):
+    """Every block's start steps one mask row too far: the torch backend reads past the buffer and raises."""
+    mask, indptr = flatten_blocks([request_mask_block(t, p) for t, p in zip(trees, prefix_lens)])
+    rows = torch.tensor([0] + [p + t.q_len for t, p in zip(trees, prefix_lens)]).cumsum(0)
+    return mask, indptr + rows
+
+
+def test_an_engine_crash_still_names_the_wrong_verify_input_it_was_handed():
+    s = run(lambda pl: replace(pl, build_mask=_indptr_one_row_too_far), batch=2)
+    assert s.fault_class == "crash" and s.crash["side"] == "engine", s.explanation
+    assert (s.stage, s.quantity) == ("mask", "mask_indptr"), s.explanation
+    assert s.explanation.startswith("First wrong quantity: mask_indptr") and "raised" in s.explanation
