@@ -50,4 +50,4 @@ def default_backend() -> str:
 
 
 def _load_builtin() -> None:
-    from harness.attn import torch_backend, sglang_triton  # noqa: F401  (registers)
+    from harness.attn import torch_backend, sglang_triton, sglang_unified  # noqa: F401  (registers)

@@ -6,11 +6,11 @@ stride prefix + q_len; prefix columns always visible to a backend that skips
 them). A difference is the backend's: the metadata is audited separately."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 
 from harness.localize.audits import ranges
+from harness.localize.mask_probe import probe_slots
 from harness.localize.wrong import Wrong
 
 TOLERANCE = 1e-2   # relative, max |out - ref| / max |ref|: float32 and TF32 dots sit far below it
@@ -45,10 +45,10 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
     v = torch.randn((t, kv_heads, head_dim), generator=g, dtype=torch.float64)
     kb = torch.randn((n_idx + 1, kv_heads, head_dim), generator=g, dtype=torch.float64)
     vb = torch.randn((n_idx + 1, kv_heads, head_dim), generator=g, dtype=torch.float64)
-    probe_meta = replace(meta, kv_indices=torch.arange(1, n_idx + 1, dtype=torch.int64, device=device))
+    probe_meta = probe_slots(meta, device)     # the rows' K/V saved after the prefix, as the contract says
     f32 = dict(dtype=torch.float32, device=device)
-    out = backend.forward(q.to(**f32), k.to(**f32), v.to(**f32), 0, kb.to(**f32), vb.to(**f32),
-                          probe_meta).double().cpu()
+    out = backend.forward(q.to(**f32), k.to(**f32), v.to(**f32), 0, torch.cat([kb, k]).to(**f32),
+                          torch.cat([vb, v]).to(**f32), probe_meta).double().cpu()
     group = heads // kv_heads
     for b in range(meta.batch_size):
         allowed = rule_visibility(meta, b, backend.mask_regions)

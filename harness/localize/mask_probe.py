@@ -38,15 +38,15 @@ def probe_visibility(backend, meta: AttnMetadata, heads: int, kv_heads: int, hea
     bs, t = meta.batch_size, qo[-1]
     n_idx = meta.kv_indices.numel()
     cols = [kvp[b + 1] - kvp[b] + qo[b + 1] - qo[b] for b in range(bs)]
-    probe_meta = replace(meta, kv_indices=torch.arange(1, n_idx + 1, dtype=torch.int64, device=device))
+    probe_meta = probe_slots(meta, device)
     q = torch.zeros((t, heads, head_dim), dtype=dtype, device=device)
     k = torch.zeros((t, kv_heads, head_dim), dtype=dtype, device=device)
-    k_buf = torch.zeros((n_idx + 1, kv_heads, head_dim), dtype=dtype, device=device)
+    k_buf = torch.zeros((n_idx + 1 + t, kv_heads, head_dim), dtype=dtype, device=device)
     seen = [torch.zeros((qo[b + 1] - qo[b], cols[b]), dtype=torch.bool) for b in range(bs)]
     empty = [torch.zeros(qo[b + 1] - qo[b], dtype=torch.bool) for b in range(bs)]
     for start in range(0, max(cols), head_dim):
         v = torch.zeros((t, kv_heads, head_dim), dtype=dtype, device=device)
-        v_buf = torch.zeros((n_idx + 1, kv_heads, head_dim), dtype=dtype, device=device)
+        v_buf = torch.zeros((n_idx + 1 + t, kv_heads, head_dim), dtype=dtype, device=device)
         for b in range(bs):
             p = kvp[b + 1] - kvp[b]
             for c in range(start, min(cols[b], start + head_dim)):
@@ -54,6 +54,7 @@ def probe_visibility(backend, meta: AttnMetadata, heads: int, kv_heads: int, hea
                     v_buf[1 + kvp[b] + c, :, c - start] = 1.0
                 else:
                     v[qo[b] + c - p, :, c - start] = 1.0
+        v_buf[n_idx + 1:] = v      # the rows' K/V already saved at (the probe's) out_cache_loc
         o = backend.forward(q, k, v, 0, k_buf, v_buf, probe_meta).float().cpu()[:, 0]  # [T, head_dim]
         for b in range(bs):
             rows = o[qo[b]:qo[b + 1]]
@@ -65,6 +66,15 @@ def probe_visibility(backend, meta: AttnMetadata, heads: int, kv_heads: int, hea
     for b in range(bs):
         empty[b] |= ~seen[b].any(-1)
     return [Visibility(kvp[b + 1] - kvp[b], seen[b], empty[b]) for b in range(bs)]
+
+
+def probe_slots(meta: AttnMetadata, device: str) -> AttnMetadata:
+    """meta over a probe pool: the prefix at slots 1..n (kv_indices), the verify rows' K/V saved at the
+    slots after it (out_cache_loc), so a backend reading either from the pool or from its arguments sees
+    the probe's keys (the kernel's own slots are not judged here: the KV audit does that)."""
+    n, t = meta.kv_indices.numel(), int(meta.qo_indptr[-1])
+    return replace(meta, kv_indices=torch.arange(1, n + 1, dtype=torch.int64, device=device),
+                   out_cache_loc=torch.arange(n + 1, n + 1 + t, dtype=meta.out_cache_loc.dtype, device=device))
 
 
 def ancestor_mask(tree: DraftTree, prefix_len: int) -> torch.Tensor:

@@ -42,6 +42,7 @@ def run_with_mask(backend: str):
 def test_backends_declare_the_regions_they_read():
     assert make_backend("torch", "cpu", torch.float32).mask_regions == {"prefix", "draft"}
     assert make_backend("sglang-triton", "cpu", torch.float32).mask_regions == {"draft"}
+    assert make_backend("sglang-unified", "cpu", torch.float32).mask_regions == {"prefix", "draft"}
 
 
 def test_torch_backend_honours_the_blocked_prefix_key_and_diverges():
