@@ -27,9 +27,18 @@ def _rounds(s: RunSettings):
     return engine, out
 
 
+def _backends():
+    out = ["torch"]
+    from harness.attn.sglang_triton import available
+    if available():
+        out.append(pytest.param("sglang-triton", marks=pytest.mark.sglang))
+    return out
+
+
+@pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("extra", CLEAN_SLICE)
-def test_poisoned_free_slots_never_change_a_fault_free_run(extra):
-    s = replace(BASE, **extra)
+def test_poisoned_free_slots_never_change_a_fault_free_run(extra, backend):
+    s = replace(BASE, backend=backend, **extra)
     poisoned_engine, poisoned = _rounds(replace(s, kv_poison=True))
     _, plain = _rounds(replace(s, kv_poison=False))
     assert len(poisoned) == len(plain) > 1
