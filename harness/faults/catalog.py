@@ -263,6 +263,11 @@ CATALOG = (
           "accepted inside it", "--eos-id, a token the target's greedy stream emits as an accepted draft (not "
           "as the bonus)", "commit-past-stop", _stage(stop=_stop_ignored), NEED_EOS,
           source="transformers #47912"),
+    Fault("padded-entry-live", "graph batch-padding entries repeat the last live request's seq_len, kv_indices, "
+          "positions and out_cache_loc instead of dummies: their K/V writes land in that request's verify slots",
+          "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4)", "padded-entry-live",
+          _graph(dummy_padding_entries=False), all_of(NEED_GRAPH, batch_padded),
+          source="TensorRT-LLM PR #9873 (Mamba state)"),
 )
 
 for _fault in CATALOG:

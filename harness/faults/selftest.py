@@ -33,6 +33,7 @@ SHOW_SETTINGS: dict[str, dict] = {
     "bonus-stride-cross-request": {"batch": 2},
     "duplicate-sibling-token": {"topk": 2},
     "commit-past-stop": {"eos_id": "auto"},   # a token of the first round's greedy stream (stop_token)
+    "padded-entry-live": {"cuda_graph": True, "batch": 3},
 }
 
 # The fault-free matrix, run once per seed.

@@ -21,7 +21,7 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
-                   "commit-past-stop")
+                   "commit-past-stop", "padded-entry-live")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "unknown")
@@ -66,6 +66,11 @@ def classify(ev: Evidence) -> Cause:
             ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "verify inputs")):
         if kind in kinds:
             return Cause(cls, quantity, stage, kinds[kind].text + _probe_note(ev.probe()))
+    shared = next((f for f in ev.canary if f.kind == "padding-write"), None)
+    if shared is not None:
+        return Cause("padded-entry-live", "the graph's batch-padding entries (out_cache_loc)", "verify inputs",
+                     f"{shared.text}: the batch-padding entries carry a live request's out_cache_loc (and "
+                     "seq_len, positions) instead of the padding slot, so their dummy K/V overwrite that request's")
     free = next((f for f in ev.canary if f.kind == "free-slot"), None)
     if free is not None:
         return Cause("free-slot-read", "kv_indices (a freed slot)", "commit",

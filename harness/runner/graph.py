@@ -28,6 +28,9 @@ class GraphOptions:
     mask_buffer_for_bucket: bool = True  # False: the kernel is handed a mask declared with the live
                                          # batch's length, shorter than mask_indptr[-1] under batch
                                          # padding (SGLang issue 6309); it reads past the end
+    dummy_padding_entries: bool = True   # False: batch-padding entries repeat the last live request's
+                                         # seq_len, kv_indices, positions and out_cache_loc, so their
+                                         # K/V writes land in that request's slots
 
 
 def capture_buckets(max_bs: int) -> list[int]:
@@ -119,20 +122,20 @@ class GraphRunner:
             self._graphs[bucket] = self._capture(bucket)
         st = self._graphs[bucket]
         t = bs * n
+        pad = _padding_entries(vb, bucket - bs, n, self.req_to_token[0, 0], self.options.dummy_padding_entries)
         st.input_ids[:t] = vb.input_ids
         st.input_ids[t:] = 0
         if self.options.refill_positions or fresh:
             st.positions[:t] = vb.positions
-            st.positions[t:] = 0
+            st.positions[t:] = pad.positions
         st.out_cache_loc[:t] = vb.attn.out_cache_loc
-        st.out_cache_loc[t:] = PADDING_SLOT
-        dummies = bucket - bs
-        seq_lens = torch.cat([vb.seq_lens.cpu(), torch.ones(dummies, dtype=torch.int64)])
+        st.out_cache_loc[t:] = pad.out_cache_loc
+        seq_lens = torch.cat([vb.seq_lens.cpu(), pad.seq_lens])
         st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
         if self.options.refill_kv_indices or fresh:
             live = vb.attn.kv_indices.numel()
             st.kv_indices[:live] = vb.attn.kv_indices
-            st.kv_indices[live:live + dummies] = self.req_to_token[0, 0]
+            st.kv_indices[live:live + pad.kv_indices.numel()] = pad.kv_indices
         mask_sizes = n * (seq_lens + n)
         st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), mask_sizes]), 0))
         if not self.options.mask_buffer_for_bucket:
@@ -145,6 +148,32 @@ class GraphRunner:
         st.replay()
         self.last = Replay(bucket, vb, st.meta, st.input_ids, st.positions, st.logits)
         return st.logits[:t].clone()
+
+
+@dataclass(frozen=True)
+class _Padding:
+    """What the batch-padding (dummy) entries of a bucket get."""
+
+    seq_lens: torch.Tensor       # [dummies] on the CPU
+    kv_indices: torch.Tensor     # [sum(seq_lens)]
+    positions: torch.Tensor      # [dummies*q_len]
+    out_cache_loc: torch.Tensor  # [dummies*q_len]
+
+
+def _padding_entries(vb: VerifyBatch, dummies: int, n: int, first_slot: torch.Tensor, dummy: bool) -> _Padding:
+    """SGLang's dummies (seq_len 1 reading request 0's first slot, position 0,
+    writing the padding slot); or, when not `dummy`, each dummy a repeat of the
+    last live request's entry (padding by repeating the last element), K/V
+    writes into that request's verify slots included."""
+    dev = vb.positions.device
+    if dummy or dummies == 0:
+        return _Padding(torch.ones(dummies, dtype=torch.int64), first_slot.expand(dummies),
+                        torch.zeros(dummies * n, dtype=torch.int64, device=dev),
+                        torch.full((dummies * n,), PADDING_SLOT, dtype=torch.int64, device=dev))
+    last_len = int(vb.seq_lens[-1])
+    last_kv = vb.attn.kv_indices[vb.attn.kv_indices.numel() - last_len:]
+    return _Padding(torch.full((dummies,), last_len, dtype=torch.int64), last_kv.repeat(dummies),
+                    vb.positions[-n:].repeat(dummies), vb.attn.out_cache_loc[-n:].repeat(dummies))
 
 
 def _declare(t: torch.Tensor, n: int) -> None:

@@ -20,7 +20,7 @@ NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
          "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
-         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop"}
+         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop", "padded-entry-live"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -55,6 +55,8 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),  # no padding: packed = padded
     ("duplicate-sibling-token", {"topk": 1}, {"topk": 2}),
     ("commit-past-stop", {}, {"eos_id": 3}),
+    ("padded-entry-live", {"cuda_graph": True, "batch": 4}, {"cuda_graph": True, "batch": 3}),
+    ("padded-entry-live", {"batch": 3}, {"cuda_graph": True, "batch": 3}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")

@@ -94,6 +94,25 @@ def test_dummy_requests_pad_the_bucket(engine):
     assert st.custom_mask[int(st.mask_indptr[3]):int(st.mask_indptr[4])].all(), "dummy rows are never empty"
 
 
+def test_live_padding_entries_repeat_the_last_request(engine):
+    """With dummy_padding_entries off (the padded-entry-live fault), the dummy
+    of a bs-3 batch in bucket 4 repeats request 2's entry: its seq_len, prefix
+    slots, positions and verify slots, so its K/V writes land in request 2's slots."""
+    from dataclasses import replace
+    runner = make_runner(engine)
+    runner.options = replace(runner.options, dummy_padding_entries=False)
+    n = engine.s.q_len
+    vb = live_batch(engine, [0, 1, 2])
+    runner.verify(vb)
+    st, live = runner._graphs[4], 3 * n
+    assert torch.equal(st.out_cache_loc[live:], vb.attn.out_cache_loc[live - n:])
+    assert torch.equal(st.positions[live:], vb.positions[live - n:])
+    assert (st.input_ids[live:] == 0).all()                       # the dummy's own tokens
+    assert torch.diff(st.kv_indptr).tolist() == vb.seq_lens.tolist() + [int(vb.seq_lens[2])]
+    start = int(st.kv_indptr[3])
+    assert torch.equal(st.kv_indices[start:int(st.kv_indptr[4])], vb.attn.kv_indices[int(vb.attn.kv_indptr[2]):])
+
+
 def test_one_capture_per_bucket_reused_across_replays(engine):
     """A bucket is captured once; later batches of that bucket replay it."""
     runner = make_runner(engine)
