@@ -7,7 +7,7 @@ from dataclasses import replace
 import torch
 
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
-                                     reads_prefix_mask, register, two_steps)
+                                     reads_max_kv_len, reads_prefix_mask, register, two_steps)
 from harness.ddtree.accept import Acceptance, greedy_walk
 from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.ddtree.tree import DraftTree
@@ -268,6 +268,12 @@ CATALOG = (
           "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4)", "padded-entry-live",
           _graph(dummy_padding_entries=False), all_of(NEED_GRAPH, batch_padded),
           source="TensorRT-LLM PR #9873 (Mamba state)"),
+    Fault("stale-graph-scalar", "the graph freezes max_kv_len (the prefix loop's bound, a host scalar) at the "
+          "capturing batch's longest prefix: later, longer prefixes lose their tail keys",
+          "--cuda-graph, --max-new-tokens > --block-size + 1 (a second replay), a backend that bounds its "
+          "prefix loop by max_kv_len (--backend torch)", "stale-graph-scalar",
+          _graph(max_kv_len_at_capacity=False), all_of(NEED_GRAPH, two_steps, reads_max_kv_len),
+          source="flash-attention #1164"),
 )
 
 for _fault in CATALOG:

@@ -34,6 +34,7 @@ SHOW_SETTINGS: dict[str, dict] = {
     "duplicate-sibling-token": {"topk": 2},
     "commit-past-stop": {"eos_id": "auto"},   # a token of the first round's greedy stream (stop_token)
     "padded-entry-live": {"cuda_graph": True, "batch": 3},
+    "stale-graph-scalar": {"cuda_graph": True, "backend": "torch"},
 }
 
 # The fault-free matrix, run once per seed.

@@ -21,7 +21,7 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
-                   "commit-past-stop", "padded-entry-live")
+                   "commit-past-stop", "padded-entry-live", "stale-graph-scalar")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "unknown")
@@ -63,7 +63,8 @@ def classify(ev: Evidence) -> Cause:
             ("mask-out-of-bounds", "mask-out-of-bounds", "the graph's mask buffer (length)", "mask"),
             ("stale-kv-indices", "stale-kv-indices", "the graph's static kv_indices", "verify inputs"),
             ("stale-mask", "stale-graph-mask", "the graph's static mask buffer", "mask"),
-            ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "verify inputs")):
+            ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "verify inputs"),
+            ("stale-scalar", "stale-graph-scalar", "the graph's captured max_kv_len (a host scalar)", "attention")):
         if kind in kinds:
             return Cause(cls, quantity, stage, kinds[kind].text + _probe_note(ev.probe()))
     shared = next((f for f in ev.canary if f.kind == "padding-write"), None)

@@ -28,6 +28,8 @@ class GraphOptions:
     mask_buffer_for_bucket: bool = True  # False: the kernel is handed a mask declared with the live
                                          # batch's length, shorter than mask_indptr[-1] under batch
                                          # padding (SGLang issue 6309); it reads past the end
+    max_kv_len_at_capacity: bool = True  # False: the captured max_kv_len scalar is the capturing batch's
+                                         # longest prefix; later, longer prefixes lose their tail keys
     dummy_padding_entries: bool = True   # False: batch-padding entries repeat the last live request's
                                          # seq_len, kv_indices, positions and out_cache_loc, so their
                                          # K/V writes land in that request's slots
@@ -80,7 +82,9 @@ class GraphRunner:
         self.num_captures = 0
         self.last: Replay | None = None
 
-    def _capture(self, bucket: int) -> _Static:
+    def _capture(self, bucket: int, longest_prefix: int) -> _Static:
+        """longest_prefix: the capturing batch's (frozen as max_kv_len when not
+        max_kv_len_at_capacity, as a host scalar is frozen into a graph)."""
         n, dev = self.q_len, self.device
         t = bucket * n
         i64 = dict(dtype=torch.int64, device=dev)
@@ -96,7 +100,8 @@ class GraphRunner:
             qo_indptr=torch.arange(0, (bucket + 1) * n, n, **i64), kv_indptr=st.kv_indptr,
             kv_indices=st.kv_indices, out_cache_loc=st.out_cache_loc,
             custom_mask=st.custom_mask if self.options.capture_custom_mask else None,
-            mask_indptr=st.mask_indptr, max_len_extend=n)
+            mask_indptr=st.mask_indptr, max_len_extend=n,
+            max_kv_len=self.max_context if self.options.max_kv_len_at_capacity else longest_prefix)
 
         def run() -> None:
             st.logits.copy_(self.forward(st.input_ids, st.positions, st.meta))
@@ -119,7 +124,7 @@ class GraphRunner:
         bucket = next(b for b in self.buckets if b >= bs)
         fresh = bucket not in self._graphs  # the capture fills every buffer; replays refill per option
         if fresh:
-            self._graphs[bucket] = self._capture(bucket)
+            self._graphs[bucket] = self._capture(bucket, int(vb.seq_lens.max()))
         st = self._graphs[bucket]
         t = bs * n
         pad = _padding_entries(vb, bucket - bs, n, self.req_to_token[0, 0], self.options.dummy_padding_entries)

@@ -20,7 +20,8 @@ NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
          "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
-         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop", "padded-entry-live"}
+         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop", "padded-entry-live",
+         "stale-graph-scalar"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -57,6 +58,8 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("commit-past-stop", {}, {"eos_id": 3}),
     ("padded-entry-live", {"cuda_graph": True, "batch": 4}, {"cuda_graph": True, "batch": 3}),
     ("padded-entry-live", {"batch": 3}, {"cuda_graph": True, "batch": 3}),
+    ("stale-graph-scalar", {"cuda_graph": True, "max_new_tokens": 9}, {"cuda_graph": True, "max_new_tokens": 10}),
+    ("stale-graph-scalar", {}, {"cuda_graph": True}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")
@@ -72,6 +75,8 @@ def test_fully_masked_rows_cannot_show_on_a_kernel_that_always_sees_the_prefix()
     for name in ("padded-row-fully-masked", "short-graph-mask"):
         s = RunSettings(backend="sglang-triton", cuda_graph=True, batch=3)
         assert "prefix columns" in why_cannot_show(name, s, VOCAB)
+    assert "max_kv_len" in why_cannot_show("stale-graph-scalar", RunSettings(backend="sglang-triton", cuda_graph=True),
+                                           VOCAB)   # the kernel takes no prefix bound
 
 
 def test_apply_fault_names_the_needed_settings():

@@ -113,6 +113,32 @@ def test_live_padding_entries_repeat_the_last_request(engine):
     assert torch.equal(st.kv_indices[start:int(st.kv_indptr[4])], vb.attn.kv_indices[int(vb.attn.kv_indptr[2]):])
 
 
+@pytest.mark.parametrize("at_capacity", [True, False])
+def test_the_captured_max_kv_len_bounds_later_replays(engine, at_capacity):
+    """The graph freezes the max_kv_len scalar at capture: SGLang-style at the
+    buffers' capacity (max_context), every later prefix read whole; frozen at the
+    capturing batch's longest prefix (the stale-graph-scalar fault), a later,
+    longer prefix loses its tail keys, and the replay audit says which."""
+    from dataclasses import replace
+    from harness.localize.audits import audit_replay
+    runner = make_runner(engine)
+    runner.options = replace(runner.options, max_kv_len_at_capacity=at_capacity)
+    by_len = sorted(engine.requests, key=lambda r: r.seq_len)
+    short, long = by_len[0], by_len[-1]
+    assert short.seq_len < long.seq_len
+    runner.verify(live_batch(engine, [short.rid]))
+    vb = live_batch(engine, [long.rid], step=1)
+    got, want = runner.verify(vb), eager(engine, vb)
+    meta = runner._graphs[1].meta
+    kinds = [f.kind for f in audit_replay(runner.last)]
+    if at_capacity:
+        assert meta.max_kv_len == engine.max_context and "stale-scalar" not in kinds
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert meta.max_kv_len == short.seq_len and "stale-scalar" in kinds
+        assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
 def test_one_capture_per_bucket_reused_across_replays(engine):
     """A bucket is captured once; later batches of that bucket replay it."""
     runner = make_runner(engine)
