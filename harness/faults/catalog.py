@@ -8,7 +8,7 @@ import torch
 
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
                                      reads_max_kv_len, reads_prefix_mask, register, two_steps)
-from harness.ddtree.accept import Acceptance, greedy_walk
+from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
 from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
@@ -146,6 +146,14 @@ def _accept_level_map(tree: DraftTree, predicts: list[int]) -> Acceptance:
     return Acceptance(tuple(rows), predicts[cur])
 
 
+def _accept_on_depth_order(tree: DraftTree, predicts: list[int]) -> Acceptance:
+    """The walk reads the parent table of the tree renumbered in depth order (a
+    breadth-first layout, as before a reorder into pop order), while tokens,
+    predicts and the rows it returns are in the verified numbering: it walks a
+    different tree than the verify masked."""
+    return walk_parents(tree, depth_order_parents(tree), predicts)
+
+
 def _bonus_at_packed_offset(predicts: list[int], b: int, q_len: int, trees: list[DraftTree],
                             acceptance: Acceptance) -> int:
     """The bonus read from the batch's flat argmax at the packed offset (the real rows of
@@ -274,6 +282,10 @@ CATALOG = (
           "prefix loop by max_kv_len (--backend torch)", "stale-graph-scalar",
           _graph(max_kv_len_at_capacity=False), all_of(NEED_GRAPH, two_steps, reads_max_kv_len),
           source="flash-attention #1164"),
+    Fault("accept-topology-mismatch", "acceptance walks the parent table of the tree in depth order while the verify "
+          "masked it in pop order: the accepted rows are not a path of the verified tree",
+          "--topk >= 2, --budget >= --block-size (pop order differs from depth order)",
+          "accept-topology-mismatch", _stage(accept=_accept_on_depth_order), all_of(NEED_WALK, has_branch)),
 )
 
 for _fault in CATALOG:

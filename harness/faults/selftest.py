@@ -35,6 +35,7 @@ SHOW_SETTINGS: dict[str, dict] = {
     "commit-past-stop": {"eos_id": "auto"},   # a token of the first round's greedy stream (stop_token)
     "padded-entry-live": {"cuda_graph": True, "batch": 3},
     "stale-graph-scalar": {"cuda_graph": True, "backend": "torch"},
+    "accept-topology-mismatch": {"topk": 2},
 }
 
 # The fault-free matrix, run once per seed.

@@ -21,7 +21,8 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
-                   "commit-past-stop", "padded-entry-live", "stale-graph-scalar")
+                   "commit-past-stop", "padded-entry-live", "stale-graph-scalar",
+                   "accept-topology-mismatch")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "unknown")
@@ -121,7 +122,7 @@ def classify(ev: Evidence) -> Cause:
     if ev.accept is not None:
         cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch", "token-shadowed": "token-shadowed",
                "bonus-cross-request": "bonus-cross-request",
-               "past-stop": "commit-past-stop"}.get(ev.accept.kind, "unknown")
+               "past-stop": "commit-past-stop", "topology": "accept-topology-mismatch"}.get(ev.accept.kind, "unknown")
         quantity = {"wrong-bonus": "the bonus token", "bonus-cross-request": "the bonus token",
                     "past-stop": "the accepted rows (past the end-of-sequence token)"}.get(ev.accept.kind,
                                                                                           "the accepted rows")
