@@ -127,24 +127,26 @@ class GraphRunner:
             self._graphs[bucket] = self._capture(bucket, int(vb.seq_lens.max()))
         st = self._graphs[bucket]
         t = bs * n
-        pad = _padding_entries(vb, bucket - bs, n, self.req_to_token[0, 0], self.options.dummy_padding_entries)
         st.input_ids[:t] = vb.input_ids
         st.input_ids[t:] = 0
         if self.options.refill_positions or fresh:
             st.positions[:t] = vb.positions
-            st.positions[t:] = pad.positions
+            st.positions[t:] = 0
         st.out_cache_loc[:t] = vb.attn.out_cache_loc
-        st.out_cache_loc[t:] = pad.out_cache_loc
-        seq_lens = torch.cat([vb.seq_lens.cpu(), pad.seq_lens])
+        st.out_cache_loc[t:] = PADDING_SLOT
+        dummies = bucket - bs
+        seq_lens = torch.cat([vb.seq_lens.cpu(), torch.ones(dummies, dtype=torch.int64)])
         st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
         if self.options.refill_kv_indices or fresh:
             live = vb.attn.kv_indices.numel()
             st.kv_indices[:live] = vb.attn.kv_indices
-            st.kv_indices[live:live + pad.kv_indices.numel()] = pad.kv_indices
+            st.kv_indices[live:live + dummies] = self.req_to_token[0, 0]
         mask_sizes = n * (seq_lens + n)
         st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), mask_sizes]), 0))
         if not self.options.mask_buffer_for_bucket:
             _declare(st.custom_mask, vb.attn.custom_mask.numel())
+        if not self.options.dummy_padding_entries and dummies:
+            _repeat_last_request(st, vb, n, dummies)
         if self.options.refill_mask or fresh:
             live = vb.attn.custom_mask.numel()
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
@@ -155,30 +157,19 @@ class GraphRunner:
         return st.logits[:t].clone()
 
 
-@dataclass(frozen=True)
-class _Padding:
-    """What the batch-padding (dummy) entries of a bucket get."""
-
-    seq_lens: torch.Tensor       # [dummies] on the CPU
-    kv_indices: torch.Tensor     # [sum(seq_lens)]
-    positions: torch.Tensor      # [dummies*q_len]
-    out_cache_loc: torch.Tensor  # [dummies*q_len]
-
-
-def _padding_entries(vb: VerifyBatch, dummies: int, n: int, first_slot: torch.Tensor, dummy: bool) -> _Padding:
-    """SGLang's dummies (seq_len 1 reading request 0's first slot, position 0,
-    writing the padding slot); or, when not `dummy`, each dummy a repeat of the
-    last live request's entry (padding by repeating the last element), K/V
-    writes into that request's verify slots included."""
-    dev = vb.positions.device
-    if dummy or dummies == 0:
-        return _Padding(torch.ones(dummies, dtype=torch.int64), first_slot.expand(dummies),
-                        torch.zeros(dummies * n, dtype=torch.int64, device=dev),
-                        torch.full((dummies * n,), PADDING_SLOT, dtype=torch.int64, device=dev))
-    last_len = int(vb.seq_lens[-1])
-    last_kv = vb.attn.kv_indices[vb.attn.kv_indices.numel() - last_len:]
-    return _Padding(torch.full((dummies,), last_len, dtype=torch.int64), last_kv.repeat(dummies),
-                    vb.positions[-n:].repeat(dummies), vb.attn.out_cache_loc[-n:].repeat(dummies))
+def _repeat_last_request(st: _Static, vb: VerifyBatch, n: int, dummies: int) -> None:
+    """The batch-padding entries re-filled as repeats of the last live request
+    (padding by repeating the last element): its seq_len, prefix slots,
+    positions and verify slots, so the dummies' K/V writes land in its slots."""
+    t, last_len = vb.seq_lens.numel() * n, int(vb.seq_lens[-1])
+    st.positions[t:] = vb.positions[-n:].repeat(dummies)
+    st.out_cache_loc[t:] = vb.attn.out_cache_loc[-n:].repeat(dummies)
+    seq_lens = torch.cat([vb.seq_lens.cpu(), torch.full((dummies,), last_len, dtype=torch.int64)])
+    st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
+    live = vb.attn.kv_indices.numel()
+    st.kv_indices[live:live + dummies * last_len] = vb.attn.kv_indices[live - last_len:].repeat(dummies)
+    sizes = n * (seq_lens + n)
+    st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), sizes]), 0))
 
 
 def _declare(t: torch.Tensor, n: int) -> None:
