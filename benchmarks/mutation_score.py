@@ -84,6 +84,7 @@ def score(m: dict) -> dict:
         copy_tree(tree)
         applied = subprocess.run(["git", "apply", str(CORPUS / m["patch"])], cwd=tree, capture_output=True, text=True)
         row = {"name": m["name"], "file": m["file"], "expected_stage": m["stage"], "expected_quantity": m["quantity"],
+               "equivalent": m.get("equivalent"), "crash_named": False,
                "applied": applied.returncode == 0, "caught": False, "explained": False, "crash": False,
                "exit": None, "setting": None, "stage": None, "quantity": None, "fault_class": None, "seconds": 0.0}
         if applied.returncode:
@@ -102,6 +103,8 @@ def score(m: dict) -> dict:
                 row.update(stage=s.get("stage"), quantity=s.get("quantity"), fault_class=s.get("fault_class"),
                            explanation=s.get("explanation"))
                 row["explained"] = row["caught"] and names_it(m, row["stage"], row["quantity"])
+                # an engine crash is no divergence; its explanation may still name the wrong input it was handed
+                row["crash_named"] = row["crash"] and names_it(m, row["stage"], row["quantity"])
                 return row
         return row
 
@@ -119,15 +122,22 @@ def main() -> int:
     for m in corpus:
         r = score(m)
         rows.append(r)
-        named = f"{r['stage']}/{r['quantity']}" if r["stage"] else ("crash" if r["crash"] else "-")
+        named = (("crash: " if r["crash"] else "") + f"{r['stage']}/{r['quantity']}" if r["stage"]
+                 else ("crash" if r["crash"] else ("- (equivalent)" if r["equivalent"] else "-")))
         print(f"{r['name']:36} {m['stage'] + '/' + m['quantity']:32} {named:32} {'yes' if r['caught'] else 'NO':6} "
               f"{'yes' if r['explained'] else 'no':5} {r['seconds']:.0f}", flush=True)
-    n = len(rows)
-    caught, explained = sum(r["caught"] for r in rows), sum(r["explained"] for r in rows)
-    print(f"\n{n} mutations: caught {caught}/{n} ({caught / max(n, 1):.0%}) as a divergence, "
-          f"explained {explained}/{n} ({explained / max(n, 1):.0%}) by the right stage and quantity")
+    judged = [r for r in rows if not r["equivalent"]]   # an equivalent mutant changes no output: nothing to catch
+    n, equivalent = len(judged), len(rows) - len(judged)
+    caught, explained = sum(r["caught"] for r in judged), sum(r["explained"] for r in judged)
+    crash_named = sum(r["crash_named"] for r in judged)
+    alarms = [r["name"] for r in rows if r["equivalent"] and r["exit"] not in (0, None)]
+    print(f"\n{n} mutations (+{equivalent} equivalent): caught {caught}/{n} ({caught / max(n, 1):.0%}) as a "
+          f"divergence, explained {explained}/{n} ({explained / max(n, 1):.0%}) by the right stage and quantity; "
+          f"{crash_named} engine crashes name the right stage and quantity"
+          + (f"; equivalent mutants that failed: {alarms}" if alarms else ""))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"mutations": n, "caught": caught, "explained": explained,
+    Path(a.out).write_text(json.dumps({"mutations": n, "equivalent": equivalent, "caught": caught,
+                                       "explained": explained, "crash_named": crash_named,
                                        "settings": SETTINGS, "common": COMMON, "rows": rows}, indent=1))
     print(f"wrote {a.out}")
     return 0

@@ -570,12 +570,31 @@ def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
         summary.first = FirstDivergence(step, (t + bad[0]) // n, bad[0] % n, None, True, None, "batch-padding")
 
 
+def _crashed_inputs(p: Prepared, summary: CheckSummary) -> None:
+    """An engine crash: the crashed round's verify inputs that break SGLang's rules lead the explanation."""
+    from harness.localize.crash_audit import audit_crashed_round
+    from harness.localize.wrong import STAGE_WORDS, first_wrong
+    try:
+        w = first_wrong(audit_crashed_round(p))
+    except Exception as e:  # noqa: BLE001  (the crash verdict stands without it)
+        summary.notes.append(f"crash audit failed: {attribute(e).sentence()}")
+        return
+    if w is not None:
+        summary.stage, summary.quantity = STAGE_WORDS[w.stage], w.quantity
+        summary.explanation = (f"First wrong quantity: {w.quantity}, produced by the {summary.stage} stage, at step "
+                               f"{w.step}: {w.text}; then {summary.explanation}")
+
+
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.localize import localize
     first = summary.first
     if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
         summary.fault_class, summary.explanation = first.what, first.detail
+        if first.what == "tree":
+            summary.stage, summary.quantity = "tree build", "tree"
+        else:
+            _crashed_inputs(p, summary)
         return
     try:
         loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
@@ -596,5 +615,6 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     summary.stage, summary.quantity = loc.stage, loc.quantity
     if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
+        summary.stage, summary.quantity = summary.stage or "accept", summary.quantity or "accepted_rows"
     if first.what == "provenance" and loc.fault_class == "unknown":
         summary.fault_class, summary.explanation = "kv-provenance", first.detail

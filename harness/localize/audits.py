@@ -33,13 +33,6 @@ def audit_replay(replay) -> list[Finding]:
                            f"the mask buffer handed to the kernel holds {have} elements but mask_indptr ends at "
                            f"{need}: bucket {replay.bucket} pads {bs} requests, and the batch-padding requests' "
                            f"mask (elements {have}..{need - 1}) is read past its end"))
-    longest = int(replay.live.seq_lens.max())
-    if meta.max_kv_len is not None and longest > meta.max_kv_len:
-        b = int(replay.live.seq_lens.argmax())
-        out.append(Finding("stale-scalar", f"the bucket-{replay.bucket} graph froze max_kv_len = {meta.max_kv_len} "
-                                           f"(a host scalar from the capturing batch) while request {b}'s prefix is "
-                                           f"{longest}: prefix keys {meta.max_kv_len}..{longest - 1} are never "
-                                           "visited"))
     n_idx = live.kv_indices.numel()
     bad = (meta.kv_indices[:n_idx].cpu() != live.kv_indices.cpu()).nonzero().flatten().tolist()
     if bad:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.localize.attention_audit import audit_attention
 from harness.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
                                      audit_stop)
 from harness.localize.explain import Evidence, classify, explanation
+from harness.localize.graph_audit import audit_graph
 from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
 from harness.localize.mask_probe import diff_request, dummy_request, probe_visibility
+from harness.localize.metadata_audit import audit_round
+from harness.localize.wrong import Wrong
 
 
 @dataclass(frozen=True)
@@ -25,9 +29,12 @@ class Localization:
     kv_audit: dict | None
     layer_bisect: dict | None
     graph_audit: list[str]
+    stage: str | None = None          # the stage that produced the first wrong quantity (wrong.STAGE_WORDS), or None
+    quantity: str | None = None       # the first wrong quantity (wrong.QUANTITIES when audited, else in words)
+    first_wrong: dict | None = None   # Wrong.to_record() of it: expected and found values
+    metadata_audit: list[dict] = ()   # every wrong quantity found up to the divergent round (first 24, in order)
+    attention_audit: dict | None = None  # the backend on random inputs through the divergent batch's metadata
     kind: str = "localize"
-    stage: str | None = None      # the stage that produced the first wrong quantity (explain.STAGES), or None
-    quantity: str | None = None   # the first wrong quantity, in the domain's words
 
 
 def localize(p, first) -> Localization:
@@ -44,8 +51,14 @@ def localize(p, first) -> Localization:
         replay = engine.graph.last if engine.graph is not None else None
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
         audit_invariants(engine, result, kernel_kv, kv)
+        bad_before = kv.first_bad_position
         audit_cache(engine, result, oracle, tol, kv)
+        if bad_before is None and kv.first_bad_position is not None:
+            ev.wrongs.append(_kv_cache_wrong(kv, result))
         ev.canary += list(result.provenance)
+        ev.wrongs += audit_round(engine, result, oracle)
+        if replay is not None:
+            ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)
         ev.accept = _first_named(ev.accept, audit_batch_bonus(result))
         for rs in result.requests:
             eos = engine.s.eos_id
@@ -58,10 +71,26 @@ def localize(p, first) -> Localization:
             break
     cause = classify(ev)
     d = ev.probe()
+    ordered = sorted(ev.wrongs, key=Wrong.order)
+    graph = [x.text for x in ordered if x.stage == "graph"][:24] or [f.text for f in ev.graph]
     return Localization(first.step, first.request, first.node, first.depth, cause.cls, explanation(ev, cause),
                         d.to_record() if d is not None else None, kv.to_record(),
-                        ev.bisect.to_record() if ev.bisect is not None else None, [f.text for f in ev.graph],
-                        stage=cause.stage, quantity=cause.quantity)
+                        ev.bisect.to_record() if ev.bisect is not None else None, graph,
+                        cause.stage, cause.quantity, ordered[0].to_record() if ordered else None,
+                        [x.to_record() for x in ordered[:24]],
+                        next((x.to_record() for x in ev.wrongs if x.stage == "attention"), None))
+
+
+def _kv_cache_wrong(kv: KVAudit, result) -> Wrong:
+    """The KV audit's first wrong cache entry as a wrong quantity of the model stage."""
+    rs = next(x for x in result.requests if x.rid == kv.first_bad_request)
+    # positions committed before round 0 were written by the prefill and never checked; later a prefix
+    # position was checked after the previous round, so a wrong one was clobbered during this round
+    before = kv.first_bad_step == 0 and kv.first_bad_position < len(rs.prefix)
+    return Wrong(kv.first_bad_step, "model", "kv_cache", kv.first_bad_request, kv.first_bad_position, 0.0,
+                 kv.rel_err, 1, f"the cached K/V of position {kv.first_bad_position} (layer {kv.first_bad_layer}) "
+                 f"is off the oracle's by {kv.rel_err:.2e} (relative) while its slot is the one req_to_token names"
+                 + (", written by the prefill" if before else ""), "prefix" if before else "")
 
 
 def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> None:
@@ -76,6 +105,10 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
     cfg = engine.cfg
     vis = probe_visibility(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                            engine.s.torch_dtype, engine.s.device)
+    att = audit_attention(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, engine.s.device,
+                          result.step, vis)
+    if att is not None:
+        ev.wrongs.append(att)
     loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     kv_idx = meta.kv_indices.cpu().tolist()
     owned = _owned_slots(engine, result)
@@ -99,6 +132,13 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         path = [rs.tree.tokens[a] for a in rs.tree.ancestors(first.node)]
         ref = oracle.path_hidden(list(rs.prefix) + path)
     ev.bisect = bisect(hidden, row, ref, tol)
+    layer = ev.bisect.first_bad_layer
+    if layer is not None and ref is not None:
+        err = ev.bisect.rel_err_per_layer[layer]
+        ev.wrongs.append(Wrong(result.step, "model", "hidden", first.request, layer, 0.0, err, 1,
+                               f"the residual stream at node {first.node} leaves tolerance "
+                               + ("at the embedding" if layer == 0 else f"after layer {layer - 1}")
+                               + f" ({err:.2e} relative against the oracle's hidden state of the node's path)"))
 
 
 def _owned_slots(engine, result) -> list[frozenset[int]]:

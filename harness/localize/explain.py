@@ -1,10 +1,15 @@
 """From evidence to a cause: the first wrong quantity, the stage that
-produced it, what was measured, and only then a class. Rules go from the
-most specific measurement to the most generic; the first that holds wins.
-A class from the fault catalog is named only when the measurement is the
-one that fault leaves; otherwise the class names what was measured
-(mask-visibility, kv-indices, ...), and "unknown" when nothing measured
-points anywhere."""
+produced it, what was measured, and only then a class.
+
+The audits (metadata_audit, graph_audit, attention_audit, the KV audit and
+the bisect) report every quantity that breaks its rule as a Wrong; the
+first in step then pipeline order leads. The measured rules below (the mask
+probe, the graph and input findings, the acceptance) go from the most
+specific measurement to the most generic; their class is kept only when
+they point at the same stage as that first wrong quantity. A class from the
+fault catalog is named only when the measurement is the one that fault
+leaves; otherwise the class names what was measured (mask-visibility,
+kv-indices, ...), and "unknown" when nothing measured points anywhere."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +19,9 @@ from harness.localize.kv_audit import KVAudit
 from harness.localize.layer_bisect import Bisect
 from harness.localize.mask_probe import (MaskDiff, derived_parents, flat_shift_explains, row_stride_explains,
                                          visibility_changes)
+from harness.localize.wrong import STAGE_WORDS, Wrong, first_wrong
 
-STAGES = ("tree build", "verify inputs", "mask", "attention", "accept", "commit")
+STAGES = tuple(STAGE_WORDS.values())
 # the classes the fault catalog expects (harness/faults/catalog.py; a unit test keeps them equal)
 CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-of-bounds", "graph-causal-mask",
                    "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
@@ -51,6 +57,7 @@ class Evidence:
     bisect: Bisect | None = None
     node: int | None = None
     canary: list = field(default_factory=list)   # KV provenance findings up to the divergent round
+    wrongs: list[Wrong] = field(default_factory=list)  # every quantity found wrong, up to the divergent round
 
     def probe(self) -> MaskDiff | None:
         return next((d for d in self.probes if d.request == self.request_index), None)
@@ -58,19 +65,75 @@ class Evidence:
 
 def classify(ev: Evidence) -> Cause:
     """The first wrong quantity, its stage, what was measured and the class."""
+    measured = _classify_measured(ev)
+    w = first_wrong(ev.wrongs)
+    if w is None:
+        return measured
+    stage = STAGE_WORDS[w.stage]
+    agrees = measured.stage == stage
+    # a class the audit's hint decides (e.g. batch-mask-layout only for a rectangle mask_indptr) is never taken
+    # from a measured rule that only saw the probe
+    kept = agrees and measured.cls not in HINTED_CLASSES and measured.cls != "unknown"
+    if kept and measured.cls in CATALOG_CLASSES:   # a catalogued pattern no hint covers (e.g. position-offset)
+        cls = measured.cls
+    else:
+        cls = match_catalog(w, ev) or (measured.cls if kept else "unknown")
+    where = f"step {w.step}" + (f", request {w.request}" if w.request is not None and w.stage != "attention" else "")
+    text = f"{w.text} ({where})"
+    if (kept or cls == measured.cls) and measured.text not in text:
+        text += f"; {measured.text}"
+    return Cause(cls, w.quantity, stage, text)
+
+
+# the audits' hints: (stage, quantity, hint) of a first wrong quantity -> the catalog class that leaves it
+HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
+         ("graph", "custom_mask", "out-of-bounds"): "mask-out-of-bounds",
+         ("graph", "custom_mask", "stale"): "stale-graph-mask",
+         ("graph", "kv_indices", ""): "stale-kv-indices",
+         ("graph", "max_kv_len", "stale-scalar"): "stale-graph-scalar",
+         ("build_mask", "custom_mask", "padding-leak"): "padding-leak",
+         ("build_mask", "custom_mask", "padding-empty"): "fully-masked-row",
+         ("build_mask", "custom_mask", "row-stride"): "mask-shift",
+         ("build_mask", "mask_indptr", "rectangle"): "batch-mask-layout",
+         ("build_verify_batch", "positions", "row-index"): "wrong-position",
+         ("build_verify_batch", "out_cache_loc", "padding-alias"): "slot-alias",
+         ("commit", "req_to_token", "contiguous"): "kv-not-compacted",
+         ("commit", "free_slots", "committed-freed"): "free-slot-read",
+         ("accept", "bonus", ""): "wrong-bonus",
+         ("accept", "bonus", "cross-check"): "accept-mismatch",
+         ("accept", "accepted_rows", "cross-check"): "accept-mismatch"}
+HINTED_CLASSES = frozenset(HINTS.values()) | {"node-order"}
+
+
+def match_catalog(w: Wrong, ev: Evidence) -> str | None:
+    """The catalog class whose pattern this first wrong quantity shows, if any."""
+    if (w.stage, w.quantity, w.hint) == ("build_verify_batch", "input_ids", "permuted"):
+        d = ev.probe()
+        parents = derived_parents(d, ev.num_rows) if d is not None else None
+        return "node-order" if parents is None or any(par > row for row, par in enumerate(parents)) else None
+    if w.stage == "graph" and w.quantity == "kv_indices" and any(x.stage == "graph" and x.quantity == "kv_indptr"
+                                                                 and x.step == w.step for x in ev.wrongs):
+        return None   # the offsets are wrong too: not a buffer left unrefilled
+    # a port that builds its mask inside its verify-input step produces the mask there: same pattern
+    in_inputs = w.stage == "build_verify_batch" and w.quantity in ("custom_mask", "mask_indptr")
+    stage = "build_mask" if in_inputs else w.stage
+    return HINTS.get((stage, w.quantity, w.hint))
+
+
+def _classify_measured(ev: Evidence) -> Cause:
+    """What the mask probe, the graph and input findings and the KV audit measured."""
     kinds = {f.kind: f for f in ev.graph}
     for kind, cls, quantity, stage in (
-            ("captured-causal", "graph-causal-mask", "the replay's attention mask", "attention"),
-            ("mask-out-of-bounds", "mask-out-of-bounds", "the graph's mask buffer (length)", "mask"),
-            ("stale-kv-indices", "stale-kv-indices", "the graph's static kv_indices", "verify inputs"),
-            ("stale-mask", "stale-graph-mask", "the graph's static mask buffer", "mask"),
-            ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "verify inputs"),
-            ("stale-scalar", "stale-graph-scalar", "the graph's captured max_kv_len (a host scalar)", "attention")):
+            ("captured-causal", "graph-causal-mask", "the replay's attention mask", "graph"),
+            ("mask-out-of-bounds", "mask-out-of-bounds", "the graph's mask buffer (length)", "graph"),
+            ("stale-kv-indices", "stale-kv-indices", "the graph's static kv_indices", "graph"),
+            ("stale-mask", "stale-graph-mask", "the graph's static mask buffer", "graph"),
+            ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "graph")):
         if kind in kinds:
             return Cause(cls, quantity, stage, kinds[kind].text + _probe_note(ev.probe()))
     shared = next((f for f in ev.canary if f.kind == "padding-write"), None)
     if shared is not None:
-        return Cause("padded-entry-live", "the graph's batch-padding entries (out_cache_loc)", "verify inputs",
+        return Cause("padded-entry-live", "the graph's batch-padding entries (out_cache_loc)", "graph",
                      f"{shared.text}: the batch-padding entries carry a live request's out_cache_loc (and "
                      "seq_len, positions) instead of the padding slot, so their dummy K/V overwrite that request's")
     free = next((f for f in ev.canary if f.kind == "free-slot"), None)
@@ -128,7 +191,7 @@ def classify(ev: Evidence) -> Cause:
                                                                                           "the accepted rows")
         return Cause(cls, quantity, "accept", ev.accept.text)
     if ev.kv.first_bad_position is not None:
-        return Cause("wrong-kv", "the cached K/V", "attention", "the cached K/V is wrong (no slot bookkeeping "
+        return Cause("wrong-kv", "the cached K/V", "model", "the cached K/V is wrong (no slot bookkeeping "
                      "invariant is broken: the forward wrote wrong values)")
     return Cause("unknown", "unknown", None, "no audit, probe or bisect pinned a cause")
 

@@ -201,6 +201,7 @@ def _localize(v: SettingView) -> str:
     out = ['<div class="localize"><h4>Localization</h4>',
            f'<p class="explanation"><span class="badge fc">{esc(loc.get("fault_class", "?"))}</span> '
            f'{esc(loc.get("explanation", ""))}</p>']
+    out.append(_wrongs(loc.get("first_wrong"), loc.get("metadata_audit") or []))
     probe = loc.get("mask_probe")
     if probe and probe.get("expected") and probe.get("effective"):
         leaked = {tuple(x) for x in probe.get("leaked") or []}
@@ -226,6 +227,23 @@ def _localize(v: SettingView) -> str:
                    f'first bad layer: {esc(audit.get("first_bad_layer"))}</p><ul>{items}</ul>')
     out.append("</div>")
     return "".join(out)
+
+
+def _wrongs(first: dict | None, audit: list[dict]) -> str:
+    """The first wrong quantity with its expected and found values, then every wrong quantity the audits found."""
+    if not first:
+        return ""
+    head = (f'<h4>First wrong quantity</h4><table class="facts"><tr><th>quantity</th><td>{esc(first.get("quantity"))}'
+            f'</td></tr><tr><th>stage</th><td>{esc(first.get("stage"))}</td></tr><tr><th>step, request, index</th>'
+            f'<td>{esc(first.get("step"))}, {esc(first.get("request"))}, {esc(first.get("index"))}</td></tr>'
+            f'<tr><th>expected</th><td>{esc(first.get("expected"))}</td></tr><tr><th>found</th>'
+            f'<td>{esc(first.get("found"))}</td></tr><tr><th>wrong elements</th><td>{esc(first.get("count"))}</td></tr>'
+            '</table>')
+    rows = "".join(f"<tr><td>{esc(a.get('step'))}</td><td>{esc(a.get('stage'))}</td><td>{esc(a.get('quantity'))}</td>"
+                   f"<td>{esc(a.get('request'))}</td><td>{esc(a.get('text'))}</td></tr>" for a in audit[1:])
+    more = ('<h4>Other wrong quantities, in order</h4><table class="facts"><tr><th>step</th><th>stage</th>'
+            f'<th>quantity</th><th>request</th><th>what</th></tr>{rows}</table>') if rows else ""
+    return head + more
 
 
 def _pairs(cells: set, roles: list[str], limit: int = 24) -> str:

@@ -86,7 +86,8 @@ FIELD_TYPES = {
                "first_mismatch": _INT, "verdict": (str,)},
     "interrupted": {"finished": (int,), "total": (int,)},
     "localize": {"mask_probe": (dict, type(None)), "layer_bisect": (dict, type(None)),
-                 "kv_audit": (dict, type(None))},
+                 "kv_audit": (dict, type(None)), "first_wrong": (dict, type(None)),
+                 "metadata_audit": (list, tuple, type(None))},
 }
 FIRST_TYPES = {"step": (int,), "request": (int,), "node": (int,), "depth": _INT, "rel_err": _NUM,
                "what": (str, type(None))}

@@ -120,7 +120,7 @@ def test_the_captured_max_kv_len_bounds_later_replays(engine, at_capacity):
     capturing batch's longest prefix (the stale-graph-scalar fault), a later,
     longer prefix loses its tail keys, and the replay audit says which."""
     from dataclasses import replace
-    from harness.localize.audits import audit_replay
+    from harness.localize.graph_audit import audit_graph
     runner = make_runner(engine)
     runner.options = replace(runner.options, max_kv_len_at_capacity=at_capacity)
     by_len = sorted(engine.requests, key=lambda r: r.seq_len)
@@ -130,12 +130,13 @@ def test_the_captured_max_kv_len_bounds_later_replays(engine, at_capacity):
     vb = live_batch(engine, [long.rid], step=1)
     got, want = runner.verify(vb), eager(engine, vb)
     meta = runner._graphs[1].meta
-    kinds = [f.kind for f in audit_replay(runner.last)]
+    wrong = [w for w in audit_graph(runner.last, engine.req_pool.req_to_token, 1) if w.quantity == "max_kv_len"]
     if at_capacity:
-        assert meta.max_kv_len == engine.max_context and "stale-scalar" not in kinds
+        assert meta.max_kv_len == engine.max_context and not wrong
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     else:
-        assert meta.max_kv_len == short.seq_len and "stale-scalar" in kinds
+        assert meta.max_kv_len == short.seq_len and wrong[0].hint == "stale-scalar"
+        assert (wrong[0].expected, wrong[0].found) == (long.seq_len, short.seq_len)
         assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
 
 

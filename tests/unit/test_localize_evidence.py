@@ -92,7 +92,7 @@ def test_a_mask_bug_outside_the_catalog_names_row_key_and_role(leak, role, extra
     row, key = changes[0]["row"], changes[0]["col"] - loc["mask_probe"]["prefix_len"]
     change = "gained" if leak == "one-sibling-visible" else "lost"
     assert summary.fault_class == "mask-visibility", summary.explanation
-    assert summary.explanation.startswith("First wrong quantity: the verify mask (effective visibility), produced "
+    assert summary.explanation.startswith("First wrong quantity: custom_mask, produced "
                                           "by the mask stage")
     assert f"row {row} {change} {role} key {key} (slot " in summary.explanation
     assert "mask-shift" not in summary.explanation and "shifted" not in summary.explanation

@@ -95,3 +95,18 @@ def test_report_cli_bad_input_is_a_usage_error(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", "report", str(bad), "-o", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "bad.jsonl: line 2: not JSON" in r.stderr and not out.exists()
+
+
+def test_the_first_wrong_quantity_shows_its_expected_and_found_values(tmp_path):
+    records = failing_records()
+    loc = next(r for r in records if r["kind"] == "localize")
+    first = {"step": 0, "stage": "verify inputs", "quantity": "kv_indptr", "request": None, "index": 1,
+             "expected": [0, 14, 28], "found": [0, 13, 27], "count": 2, "text": "kv_indptr is not the cumsum"}
+    later = {**first, "stage": "mask", "quantity": "mask_indptr", "text": "mask_indptr <off> by one row"}
+    loc.update(first_wrong=first, metadata_audit=[first, later])
+    html = _render(tmp_path, records)
+    block = html.split("<h4>First wrong quantity</h4>")[1].split("</table>")[0]
+    assert "kv_indptr" in block and "verify inputs" in block
+    assert "[0, 14, 28]" in block and "[0, 13, 27]" in block
+    assert "mask_indptr &lt;off&gt; by one row" in html      # the later ones, escaped
+    assert "<h4>First wrong quantity</h4>" not in _render(tmp_path, failing_records())
