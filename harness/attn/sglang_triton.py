@@ -80,6 +80,7 @@ class SGLangTritonBackend:
     # skip_prefix_custom_mask=True: the kernel never reads the prefix columns
     mask_regions = frozenset({"draft"})
     graph_capturable = True
+    reads_max_kv_len = False  # the kernel takes no prefix bound: it walks kv_indptr
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         # Natively on CUDA in the run's dtype; on CPU under the interpreter in float32.

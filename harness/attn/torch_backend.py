@@ -13,6 +13,7 @@ class TorchBackend:
     name = "torch"
     mask_regions = frozenset({"prefix", "draft"})
     graph_capturable = False  # reads indptrs on the host
+    reads_max_kv_len = True   # its prefix loop stops at meta.max_kv_len
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         self.dtype = dtype
@@ -26,6 +27,9 @@ class TorchBackend:
             keys = torch.cat([k_buffer[prefix_slots], k[rows]])    # [prefix+n, kv_heads, d]
             vals = torch.cat([v_buffer[prefix_slots], v[rows]])
             allowed = _request_mask(meta, b, kvp[b + 1] - kvp[b], qo[b + 1] - qo[b])
+            if meta.max_kv_len is not None and kvp[b + 1] - kvp[b] > meta.max_kv_len:
+                allowed = allowed.clone()
+                allowed[:, meta.max_kv_len:kvp[b + 1] - kvp[b]] = False   # past the loop's bound: never visited
             out[rows] = _attend(q[rows], keys, vals, allowed)
         return out
 

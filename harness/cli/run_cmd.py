@@ -183,13 +183,16 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
     elif f.what in ("tree", "accept-ref", "crash"):
         t.add_row("first divergence", f"{f.what}: {f.detail}")
+    elif f.what == "provenance":
+        t.add_row("first divergence", f"step {f.step}, request {f.request}, KV provenance: {f.detail}")
     elif f.what in ("config", "weights"):
         t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
     elif f.what == "stream":
         t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
     else:
+        err = "non-finite" if f.rel_err is None else f"{f.rel_err:.2e}"
         t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
-                  f"rel. error {f.rel_err:.2e}, padding rows {'present' if f.padding_present else 'absent'}")
+                  f"rel. error {err}, padding rows {'present' if f.padding_present else 'absent'}")
     if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
         pt = summary.port
         stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""

@@ -35,6 +35,26 @@ def greedy_walk(tree: DraftTree, predicts: list[int]) -> Acceptance:
         rows.append(cur)
 
 
+def depth_order_parents(tree: DraftTree) -> tuple[int | None, ...]:
+    """The tree's parent table renumbered in depth order (breadth-first, pop
+    order within a depth), indexed by that numbering: the table a layout that
+    sorts rows by depth would hold."""
+    order = sorted(range(tree.num_rows), key=lambda r: tree.depths[r])   # stable
+    new = {old: i for i, old in enumerate(order)}
+    return (None,) + tuple(new[tree.parents[old]] for old in order[1:])
+
+
+def walk_parents(tree: DraftTree, parents: tuple[int | None, ...], predicts: list[int]) -> Acceptance:
+    """The greedy walk with children taken from `parents` (a table over the
+    tree's rows, maybe not its own) and tokens and predicts from the verified rows."""
+    cur, rows = 0, [0]
+    while (nxt := next((c for c in range(1, tree.num_rows)
+                        if parents[c] == cur and tree.tokens[c] == predicts[cur]), None)) is not None:
+        cur = nxt
+        rows.append(cur)
+    return Acceptance(tuple(rows), predicts[cur])
+
+
 def cut_at_stop(tree: DraftTree, acceptance: Acceptance, eos_id: int | None) -> Acceptance:
     """The acceptance ended at the first accepted draft row whose token is the
     end-of-sequence id: the rows before it are committed and the eos becomes the

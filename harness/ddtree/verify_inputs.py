@@ -22,6 +22,10 @@ class AttnMetadata:
     custom_mask: torch.Tensor | None  # flat bool blocks; None = causal (prefill)
     mask_indptr: torch.Tensor | None  # [bs+1]
     max_len_extend: int
+    # a host scalar bounding the prefix loop (flash-attention's max_seqlen_k, a split-KV kernel's tile
+    # count): prefix keys at index >= max_kv_len are never visited; None: each request's whole prefix.
+    # SGLang's Triton extend kernel takes none (it walks kv_indptr); the torch backend honours it
+    max_kv_len: int | None = None
 
     @property
     def batch_size(self) -> int:

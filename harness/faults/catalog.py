@@ -7,8 +7,8 @@ from dataclasses import replace
 import torch
 
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
-                                     reads_prefix_mask, register, two_steps)
-from harness.ddtree.accept import Acceptance, greedy_walk
+                                     reads_max_kv_len, reads_prefix_mask, register, two_steps)
+from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
 from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
@@ -146,6 +146,14 @@ def _accept_level_map(tree: DraftTree, predicts: list[int]) -> Acceptance:
     return Acceptance(tuple(rows), predicts[cur])
 
 
+def _accept_on_depth_order(tree: DraftTree, predicts: list[int]) -> Acceptance:
+    """The walk reads the parent table of the tree renumbered in depth order (a
+    breadth-first layout, as before a reorder into pop order), while tokens,
+    predicts and the rows it returns are in the verified numbering: it walks a
+    different tree than the verify masked."""
+    return walk_parents(tree, depth_order_parents(tree), predicts)
+
+
 def _bonus_at_packed_offset(predicts: list[int], b: int, q_len: int, trees: list[DraftTree],
                             acceptance: Acceptance) -> int:
     """The bonus read from the batch's flat argmax at the packed offset (the real rows of
@@ -263,6 +271,21 @@ CATALOG = (
           "accepted inside it", "--eos-id, a token the target's greedy stream emits as an accepted draft (not "
           "as the bonus)", "commit-past-stop", _stage(stop=_stop_ignored), NEED_EOS,
           source="transformers #47912"),
+    Fault("padded-entry-live", "graph batch-padding entries repeat the last live request's seq_len, kv_indices, "
+          "positions and out_cache_loc instead of dummies: their K/V writes land in that request's verify slots",
+          "--cuda-graph, --batch not a power of two (e.g. 3 -> bucket 4)", "padded-entry-live",
+          _graph(dummy_padding_entries=False), all_of(NEED_GRAPH, batch_padded),
+          source="TensorRT-LLM PR #9873 (Mamba state)"),
+    Fault("stale-graph-scalar", "the graph freezes max_kv_len (the prefix loop's bound, a host scalar) at the "
+          "capturing batch's longest prefix: later, longer prefixes lose their tail keys",
+          "--cuda-graph, --max-new-tokens > --block-size + 1 (a second replay), a backend that bounds its "
+          "prefix loop by max_kv_len (--backend torch)", "stale-graph-scalar",
+          _graph(max_kv_len_at_capacity=False), all_of(NEED_GRAPH, two_steps, reads_max_kv_len),
+          source="flash-attention #1164"),
+    Fault("accept-topology-mismatch", "acceptance walks the parent table of the tree in depth order while the verify "
+          "masked it in pop order: the accepted rows are not a path of the verified tree",
+          "--topk >= 2, --budget >= --block-size (pop order differs from depth order)",
+          "accept-topology-mismatch", _stage(accept=_accept_on_depth_order), all_of(NEED_WALK, has_branch)),
 )
 
 for _fault in CATALOG:

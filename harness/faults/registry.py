@@ -81,6 +81,17 @@ def reads_prefix_mask(s: RunSettings, vocab: int) -> bool:
         return False
 
 
+def reads_max_kv_len(s: RunSettings, vocab: int) -> bool:
+    """The backend bounds its prefix loop by the max_kv_len scalar (SGLang's
+    Triton extend kernel takes none)."""
+    from harness.attn import make_backend
+    from harness.attn.base import BackendUnavailable
+    try:
+        return bool(getattr(make_backend(s.backend, "cpu", s.torch_dtype), "reads_max_kv_len", False))
+    except BackendUnavailable:
+        return False
+
+
 def all_of(*conds: Callable[[RunSettings, int], bool]) -> Callable[[RunSettings, int], bool]:
     return lambda s, vocab: all(c(s, vocab) for c in conds)
 

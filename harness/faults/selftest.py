@@ -33,6 +33,9 @@ SHOW_SETTINGS: dict[str, dict] = {
     "bonus-stride-cross-request": {"batch": 2},
     "duplicate-sibling-token": {"topk": 2},
     "commit-past-stop": {"eos_id": "auto"},   # a token of the first round's greedy stream (stop_token)
+    "padded-entry-live": {"cuda_graph": True, "batch": 3},
+    "stale-graph-scalar": {"cuda_graph": True, "backend": "torch"},
+    "accept-topology-mismatch": {"topk": 2},
 }
 
 # The fault-free matrix, run once per seed.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.ddtree.accept import cut_at_stop, greedy_walk
+from harness.ddtree.accept import Acceptance, cut_at_stop, depth_order_parents, greedy_walk, walk_parents
 from harness.ddtree.tree import DraftTree
 
 
@@ -107,23 +107,53 @@ def audit_acceptance(rs, eos_id: int | None = None) -> Finding | None:
         return None
     rows = list(want.rows)
     got = list(acc.rows)
-    if got != rows and got == rows[:len(got)]:
-        tree, child = rs.tree, rows[len(got)]
-        twin = [r for r in range(child + 1, tree.num_rows)
-                if tree.depths[r] == tree.depths[child] and tree.tokens[r] == tree.tokens[child]]
-        if twin:
-            return Finding("token-shadowed", f"step {rs.step}, request {rs.rid}: the walk stops at row {got[-1]}, "
-                                             f"whose argmax {predicts[got[-1]]} is the token of its child row "
-                                             f"{child}; row {twin[0]} (parent {tree.parents[twin[0]]}) repeats "
-                                             f"that token at depth {tree.depths[child]}: a token-keyed lookup "
-                                             f"shadows the child (accepted {got}, the greedy walk {rows})")
+    off = next((j for j in range(1, len(got)) if rs.tree.parents[got[j]] != got[j - 1]), None)
+    if off is not None:
+        return Finding("topology", f"step {rs.step}, request {rs.rid}: accepted rows {got} are not a path of the "
+                                   f"verified tree: row {got[off]}'s parent is row {rs.tree.parents[got[off]]}, not "
+                                   f"the previously accepted row {got[off - 1]}: the acceptance walked another "
+                                   f"tree than the verify masked (the greedy walk accepts {rows})")
     if got != rows:
-        return Finding("accept-rows", f"step {rs.step}, request {rs.rid}: accepted rows {list(acc.rows)}, "
-                                      f"the greedy walk accepts {rows}")
+        # which walk gives exactly these rows: one over the tree's parent table in depth order (another
+        # topology), or one through a token-keyed map per depth (a twin shadows the child)?
+        tree = rs.tree
+        found = []
+        if got == list(cut_at_stop(tree, walk_parents(tree, depth_order_parents(tree), predicts), eos_id).rows):
+            found.append(Finding("topology", f"step {rs.step}, request {rs.rid}: accepted rows {got} are exactly "
+                                             "the greedy walk over the tree's parent table renumbered in depth "
+                                             "order, not over the verified (pop-order) tree: the acceptance walked "
+                                             f"another tree than the verify masked (the greedy walk accepts {rows})"))
+        child = rows[len(got)] if got == rows[:len(got)] else None
+        twin = [] if child is None else [r for r in range(child + 1, tree.num_rows)
+                                         if tree.depths[r] == tree.depths[child] and tree.tokens[r] == tree.tokens[child]]
+        if twin and got == _token_keyed_walk(tree, predicts, eos_id):
+            found.append(Finding("token-shadowed", f"step {rs.step}, request {rs.rid}: the walk stops at row "
+                                                   f"{got[-1]}, whose argmax {predicts[got[-1]]} is the token of its "
+                                                   f"child row {child}; row {twin[-1]} (parent "
+                                                   f"{tree.parents[twin[-1]]}) repeats that token at depth "
+                                                   f"{tree.depths[child]}: a token-keyed lookup shadows the child "
+                                                   f"(accepted {got}, the greedy walk {rows})"))
+        if len(found) == 1:
+            return found[0]
+        both = " (a walk over another topology and a token-keyed walk both give them)" if found else ""
+        return Finding("accept-ambiguous" if found else "accept-rows",
+                       f"step {rs.step}, request {rs.rid}: accepted rows {list(acc.rows)}, the greedy walk accepts "
+                       f"{rows}{both}")
     src = [r for r in range(rs.tree.num_rows) if predicts[r] == acc.bonus]
     where = f"the argmax of row {src[0]}" if src else "no row's argmax"
     return Finding("wrong-bonus", f"step {rs.step}, request {rs.rid}: bonus token {acc.bonus} is {where}, "
                                   f"not of the last accepted row {rows[-1]} (token {want.bonus})")
+
+
+def _token_keyed_walk(tree: DraftTree, predicts: list[int], eos_id: int | None) -> list[int]:
+    """The rows a walk accepts that finds the next row in a map {(depth, token): row}
+    filled in row order (a later twin wins), stopping where that row is not a child."""
+    level = {(tree.depths[r], tree.tokens[r]): r for r in range(1, tree.num_rows)}
+    cur, rows = 0, [0]
+    while (nxt := level.get((tree.depths[cur] + 1, predicts[cur]))) is not None and tree.parents[nxt] == cur:
+        cur = nxt
+        rows.append(cur)
+    return list(cut_at_stop(tree, Acceptance(tuple(rows), predicts[cur]), eos_id).rows)
 
 
 def audit_batch_bonus(result) -> Finding | None:

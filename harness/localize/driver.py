@@ -59,12 +59,13 @@ def localize(p, first) -> Localization:
         ev.wrongs += audit_round(engine, result, oracle)
         if replay is not None:
             ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)
-        ev.accept = ev.accept or audit_batch_bonus(result)
+        ev.accept = _first_named(ev.accept, audit_batch_bonus(result))
         for rs in result.requests:
             eos = engine.s.eos_id
-            ev.accept = ev.accept or audit_stop(rs, eos) or audit_acceptance(rs, eos) or _cross_check_finding(rs)
-        if first.what == "accept" and result.step == first.step:
-            break
+            ev.accept = _first_named(ev.accept, audit_stop(rs, eos) or audit_acceptance(rs, eos)
+                                     or _cross_check_finding(rs))
+        if first.what == "accept" and result.step >= first.step and not _ambiguous(ev.accept):
+            break   # an acceptance two mechanisms explain: later rounds may fit only one
         if first.what not in ("stream", "accept") and result.step == first.step:
             _at_divergence(engine, result, replay, first, oracle, tol, ev)
             break
@@ -146,6 +147,18 @@ def _owned_slots(engine, result) -> list[frozenset[int]]:
     live = {r.rid: r for r in engine.requests if not r.finished}
     return [(frozenset(r2t[live[rs.rid].req_pool_idx, :len(rs.prefix)].tolist()) if rs.rid in live else frozenset())
             | frozenset(rs.row_slots) for rs in result.requests]
+
+
+def _ambiguous(f: Finding | None) -> bool:
+    return f is not None and f.kind == "accept-ambiguous"
+
+
+def _first_named(seen: Finding | None, new: Finding | None) -> Finding | None:
+    """The first acceptance finding, unless it is ambiguous and a later one is not."""
+    if seen is None or (_ambiguous(seen) and new is not None and new.kind not in ("accept-ambiguous", "accept-rows",
+                                                                                  "accept-mismatch")):
+        return new or seen
+    return seen
 
 
 def _cross_check_finding(rs) -> Finding | None:

@@ -27,7 +27,8 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "stale-graph-mask", "stale-kv-indices", "kv-not-compacted", "fully-masked-row", "node-order",
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
-                   "commit-past-stop")
+                   "commit-past-stop", "padded-entry-live", "stale-graph-scalar",
+                   "accept-topology-mismatch")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "unknown")
@@ -89,6 +90,7 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("graph", "custom_mask", "out-of-bounds"): "mask-out-of-bounds",
          ("graph", "custom_mask", "stale"): "stale-graph-mask",
          ("graph", "kv_indices", ""): "stale-kv-indices",
+         ("graph", "max_kv_len", "stale-scalar"): "stale-graph-scalar",
          ("build_mask", "custom_mask", "padding-leak"): "padding-leak",
          ("build_mask", "custom_mask", "padding-empty"): "fully-masked-row",
          ("build_mask", "custom_mask", "row-stride"): "mask-shift",
@@ -129,6 +131,11 @@ def _classify_measured(ev: Evidence) -> Cause:
             ("stale-positions", "stale-graph-positions", "the graph's static positions buffer", "graph")):
         if kind in kinds:
             return Cause(cls, quantity, stage, kinds[kind].text + _probe_note(ev.probe()))
+    shared = next((f for f in ev.canary if f.kind == "padding-write"), None)
+    if shared is not None:
+        return Cause("padded-entry-live", "the graph's batch-padding entries (out_cache_loc)", "graph",
+                     f"{shared.text}: the batch-padding entries carry a live request's out_cache_loc (and "
+                     "seq_len, positions) instead of the padding slot, so their dummy K/V overwrite that request's")
     free = next((f for f in ev.canary if f.kind == "free-slot"), None)
     if free is not None:
         return Cause("free-slot-read", "kv_indices (a freed slot)", "commit",
@@ -178,7 +185,7 @@ def _classify_measured(ev: Evidence) -> Cause:
     if ev.accept is not None:
         cls = {"wrong-bonus": "wrong-bonus", "accept-mismatch": "accept-mismatch", "token-shadowed": "token-shadowed",
                "bonus-cross-request": "bonus-cross-request",
-               "past-stop": "commit-past-stop"}.get(ev.accept.kind, "unknown")
+               "past-stop": "commit-past-stop", "topology": "accept-topology-mismatch"}.get(ev.accept.kind, "unknown")
         quantity = {"wrong-bonus": "the bonus token", "bonus-cross-request": "the bonus token",
                     "past-stop": "the accepted rows (past the end-of-sequence token)"}.get(ev.accept.kind,
                                                                                           "the accepted rows")

@@ -43,7 +43,20 @@ def audit_graph(replay, req_to_token: torch.Tensor, step: int) -> list[Wrong]:
                              f"the bucket-{bucket} graph's static {name} differs from what eager used at {count} "
                              f"elements (first at {i}, {part}: {f[:1] or 'missing'}, eager {e[:1]})"))
     out += _mask(replay, step)
+    out += _max_kv_len(replay, step)
     return out
+
+
+def _max_kv_len(replay, step: int) -> list[Wrong]:
+    """The captured prefix bound (a host scalar frozen at capture) must cover every live prefix."""
+    bound, seq = replay.meta.max_kv_len, replay.live.seq_lens.cpu()
+    if bound is None or int(seq.max()) <= bound:
+        return []
+    b, over = int(seq.argmax()), int((seq > bound).sum())
+    return [Wrong(step, "graph", "max_kv_len", None, b, int(seq.max()), bound, over,
+                  f"the bucket-{replay.bucket} graph froze max_kv_len = {bound} at capture (a host scalar from the "
+                  f"capturing batch) while request {b} of the batch has a prefix of {int(seq.max())}: prefix keys "
+                  f"{bound}..{int(seq.max()) - 1} are never visited (requests past the bound: {over})", "stale-scalar")]
 
 
 def _live_len(name: str, bs: int, n: int, kv: int) -> int:

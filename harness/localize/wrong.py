@@ -14,7 +14,7 @@ STAGES = ("build_tree", "build_mask", "build_verify_batch", "graph", "attention"
 STAGE_WORDS = {"build_tree": "tree build", "build_mask": "mask", "build_verify_batch": "verify inputs",
                "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit"}
 # within a stage, the order quantities are reported in
-QUANTITIES = ("tree", "input_ids", "positions", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices", "mask_indptr",
+QUANTITIES = ("tree", "input_ids", "positions", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
               "custom_mask", "out_cache_loc", "visibility", "attention_output", "hidden", "kv_cache",
               "accepted_rows", "bonus", "req_to_token", "free_slots")
 

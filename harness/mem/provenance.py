@@ -20,7 +20,7 @@ class ProvenanceFinding:
     step: int          # verify round; -1 for the prefill
     request: int       # the request whose read or write it is
     kind: str          # free-slot | other-request | batch-padding | position | token | clobber | write-free
-    #                    | freed-committed
+    #                    | padding-write | freed-committed
     slot: int
     position: int      # the position the read expected (the prefix index), or the row's position for a write
     text: str
@@ -93,12 +93,20 @@ class SlotProvenance:
     def check_writes(self, step: int, slots: torch.Tensor, owners: torch.Tensor, positions: torch.Tensor,
                      allocated: frozenset[int], committed: dict[int, tuple[int, int]]) -> list[ProvenanceFinding]:
         """Before stamping a forward's writes: no row writes a free slot or a
-        slot some request has committed. committed: slot -> (request, position)."""
+        slot some request has committed, and no graph batch-padding row writes a
+        slot a live row writes in the same forward. committed: slot -> (request, position)."""
         out: list[ProvenanceFinding] = []
+        live = {s: (o, p) for s, o, p in zip(slots.tolist(), owners.tolist(), positions.tolist())
+                if o != BATCH_PADDING}
         for s, o, p in zip(slots.tolist(), owners.tolist(), positions.tolist()):
             if s == PADDING_SLOT:
                 continue
             who = "a graph batch-padding row" if o == BATCH_PADDING else f"request {o}'s row at position {p}"
+            if o == BATCH_PADDING and s in live:
+                r, rp = live[s]
+                out.append(ProvenanceFinding(step, r, "padding-write", s, p, f"step {step}: a graph batch-padding "
+                                             f"row writes KV slot {s} at position {p}, the slot request {r}'s row "
+                                             f"at position {rp} writes in the same forward"))
             if s in committed:
                 r, cp = committed[s]
                 out.append(ProvenanceFinding(step, o, "clobber", s, p, f"step {step}: {who} writes KV slot {s}, "

@@ -28,6 +28,11 @@ class GraphOptions:
     mask_buffer_for_bucket: bool = True  # False: the kernel is handed a mask declared with the live
                                          # batch's length, shorter than mask_indptr[-1] under batch
                                          # padding (SGLang issue 6309); it reads past the end
+    max_kv_len_at_capacity: bool = True  # False: the captured max_kv_len scalar is the capturing batch's
+                                         # longest prefix; later, longer prefixes lose their tail keys
+    dummy_padding_entries: bool = True   # False: batch-padding entries repeat the last live request's
+                                         # seq_len, kv_indices, positions and out_cache_loc, so their
+                                         # K/V writes land in that request's slots
 
 
 def capture_buckets(max_bs: int) -> list[int]:
@@ -77,7 +82,9 @@ class GraphRunner:
         self.num_captures = 0
         self.last: Replay | None = None
 
-    def _capture(self, bucket: int) -> _Static:
+    def _capture(self, bucket: int, longest_prefix: int) -> _Static:
+        """longest_prefix: the capturing batch's (frozen as max_kv_len when not
+        max_kv_len_at_capacity, as a host scalar is frozen into a graph)."""
         n, dev = self.q_len, self.device
         t = bucket * n
         i64 = dict(dtype=torch.int64, device=dev)
@@ -93,7 +100,8 @@ class GraphRunner:
             qo_indptr=torch.arange(0, (bucket + 1) * n, n, **i64), kv_indptr=st.kv_indptr,
             kv_indices=st.kv_indices, out_cache_loc=st.out_cache_loc,
             custom_mask=st.custom_mask if self.options.capture_custom_mask else None,
-            mask_indptr=st.mask_indptr, max_len_extend=n)
+            mask_indptr=st.mask_indptr, max_len_extend=n,
+            max_kv_len=self.max_context if self.options.max_kv_len_at_capacity else longest_prefix)
 
         def run() -> None:
             st.logits.copy_(self.forward(st.input_ids, st.positions, st.meta))
@@ -116,7 +124,7 @@ class GraphRunner:
         bucket = next(b for b in self.buckets if b >= bs)
         fresh = bucket not in self._graphs  # the capture fills every buffer; replays refill per option
         if fresh:
-            self._graphs[bucket] = self._capture(bucket)
+            self._graphs[bucket] = self._capture(bucket, int(vb.seq_lens.max()))
         st = self._graphs[bucket]
         t = bs * n
         st.input_ids[:t] = vb.input_ids
@@ -137,6 +145,8 @@ class GraphRunner:
         st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), mask_sizes]), 0))
         if not self.options.mask_buffer_for_bucket:
             _declare(st.custom_mask, vb.attn.custom_mask.numel())
+        if not self.options.dummy_padding_entries and dummies:
+            _repeat_last_request(st, vb, n, dummies)
         if self.options.refill_mask or fresh:
             live = vb.attn.custom_mask.numel()
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
@@ -145,6 +155,21 @@ class GraphRunner:
         st.replay()
         self.last = Replay(bucket, vb, st.meta, st.input_ids, st.positions, st.logits)
         return st.logits[:t].clone()
+
+
+def _repeat_last_request(st: _Static, vb: VerifyBatch, n: int, dummies: int) -> None:
+    """The batch-padding entries re-filled as repeats of the last live request
+    (padding by repeating the last element): its seq_len, prefix slots,
+    positions and verify slots, so the dummies' K/V writes land in its slots."""
+    t, last_len = vb.seq_lens.numel() * n, int(vb.seq_lens[-1])
+    st.positions[t:] = vb.positions[-n:].repeat(dummies)
+    st.out_cache_loc[t:] = vb.attn.out_cache_loc[-n:].repeat(dummies)
+    seq_lens = torch.cat([vb.seq_lens.cpu(), torch.full((dummies,), last_len, dtype=torch.int64)])
+    st.kv_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), seq_lens]), 0))
+    live = vb.attn.kv_indices.numel()
+    st.kv_indices[live:live + dummies * last_len] = vb.attn.kv_indices[live - last_len:].repeat(dummies)
+    sizes = n * (seq_lens + n)
+    st.mask_indptr.copy_(torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), sizes]), 0))
 
 
 def _declare(t: torch.Tensor, n: int) -> None:

@@ -20,7 +20,8 @@ NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
          "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
-         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop"}
+         "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop", "padded-entry-live",
+         "stale-graph-scalar", "accept-topology-mismatch"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -55,6 +56,12 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("bonus-stride-cross-request", {"batch": 2, "budget": 7}, {"batch": 2, "budget": 8}),  # no padding: packed = padded
     ("duplicate-sibling-token", {"topk": 1}, {"topk": 2}),
     ("commit-past-stop", {}, {"eos_id": 3}),
+    ("padded-entry-live", {"cuda_graph": True, "batch": 4}, {"cuda_graph": True, "batch": 3}),
+    ("padded-entry-live", {"batch": 3}, {"cuda_graph": True, "batch": 3}),
+    ("stale-graph-scalar", {"cuda_graph": True, "max_new_tokens": 9}, {"cuda_graph": True, "max_new_tokens": 10}),
+    ("stale-graph-scalar", {}, {"cuda_graph": True}),
+    ("accept-topology-mismatch", {"topk": 1}, {"topk": 2}),
+    ("accept-topology-mismatch", {"topk": 2, "accept": "sglang"}, {"topk": 2, "accept": "walk"}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")
@@ -70,6 +77,8 @@ def test_fully_masked_rows_cannot_show_on_a_kernel_that_always_sees_the_prefix()
     for name in ("padded-row-fully-masked", "short-graph-mask"):
         s = RunSettings(backend="sglang-triton", cuda_graph=True, batch=3)
         assert "prefix columns" in why_cannot_show(name, s, VOCAB)
+    assert "max_kv_len" in why_cannot_show("stale-graph-scalar", RunSettings(backend="sglang-triton", cuda_graph=True),
+                                           VOCAB)   # the kernel takes no prefix bound
 
 
 def test_apply_fault_names_the_needed_settings():
@@ -231,3 +240,54 @@ def test_stop_ignored_commits_past_the_eos_and_the_audit_says_so():
     found = audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=acc), 7)
     assert found.kind == "past-stop" and "rows [2, 3] and the bonus 9" in found.text
     assert audit_stop(SimpleNamespace(step=1, rid=0, tree=chain, acceptance=Acceptance((0, 1), 7)), 7) is None
+
+
+# pop order 0, 1 (depth 1), 2 (depth 2, under 1), 3 (depth 1): depth order is 0, 1, 3, 2
+DEEP_FIRST = DraftTree((5, 6, 7, 8), (None, 0, 1, 0), (0, 1, 2, 1), q_len=5)
+
+
+def test_depth_order_parents_walk_another_tree_and_the_audit_says_so():
+    from types import SimpleNamespace
+    from harness.ddtree.accept import greedy_walk
+    from harness.localize.audits import audit_acceptance
+    predicts = [6, 8, 1, 2, 3]                       # the verified tree: row 1's only child is row 2 (token 7)
+    assert greedy_walk(DEEP_FIRST, predicts).rows == (0, 1)
+    acc = cat_mod._accept_on_depth_order(DEEP_FIRST, predicts)
+    assert acc.rows == (0, 1, 3) and acc.bonus == 2   # in depth order row 3 is row 1's child
+    assert cat_mod._accept_on_depth_order(BRANCH, [6, 8, 1, 2]) == greedy_walk(BRANCH, [6, 8, 1, 2])  # same orders
+    logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()
+    found = audit_acceptance(SimpleNamespace(step=2, rid=0, tree=DEEP_FIRST, logits=logits, acceptance=acc))
+    assert found.kind == "topology" and "row 3's parent is row 0, not the previously accepted row 1" in found.text
+
+
+# rows 2 and 4 both carry token 7 at depth 2 (parents 1 and 3); in depth order row 3 comes before row 2
+TWINS_DEEP_FIRST = DraftTree((5, 6, 7, 8, 7), (None, 0, 1, 0, 3), (0, 1, 2, 1, 2), q_len=6)
+
+
+def test_an_acceptance_two_mechanisms_explain_is_ambiguous_until_a_later_round_names_one():
+    """Both the depth-order walk and the token-keyed walk stop at row 1 here: the
+    audit names neither; the localizer keeps the first finding that names one."""
+    from types import SimpleNamespace
+    from harness.ddtree.accept import greedy_walk
+    from harness.localize.audits import Finding, audit_acceptance
+    from harness.localize.driver import _first_named
+    predicts = [6, 7, 1, 2, 3, 4]
+    assert greedy_walk(TWINS_DEEP_FIRST, predicts).rows == (0, 1, 2)
+    acc = cat_mod._accept_on_depth_order(TWINS_DEEP_FIRST, predicts)
+    assert acc == cat_mod._accept_level_map(TWINS_DEEP_FIRST, predicts) and acc.rows == (0, 1)
+    logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()
+    found = audit_acceptance(SimpleNamespace(step=0, rid=0, tree=TWINS_DEEP_FIRST, logits=logits, acceptance=acc))
+    assert found.kind == "accept-ambiguous" and "both give them" in found.text
+    named = Finding("topology", "later")
+    assert _first_named(found, Finding("accept-rows", "x")) is found
+    assert _first_named(found, named) is named and _first_named(named, found) is named
+    assert _first_named(None, found) is found
+
+
+def test_the_localizer_reads_on_past_an_ambiguous_acceptance():
+    """Seed 2: the first wrong acceptance fits both walks; a later round's fits only the depth-order one."""
+    from harness.check import check, prepare
+    from harness.records import RecordWriter
+    s = RunSettings(backend="torch", topk=2, seed=2, max_new_tokens=24, fault="accept-topology-mismatch")
+    summary = check(prepare(s), RecordWriter(None))
+    assert summary.fault_class == "accept-topology-mismatch", summary.explanation

@@ -94,6 +94,52 @@ def test_dummy_requests_pad_the_bucket(engine):
     assert st.custom_mask[int(st.mask_indptr[3]):int(st.mask_indptr[4])].all(), "dummy rows are never empty"
 
 
+def test_live_padding_entries_repeat_the_last_request(engine):
+    """With dummy_padding_entries off (the padded-entry-live fault), the dummy
+    of a bs-3 batch in bucket 4 repeats request 2's entry: its seq_len, prefix
+    slots, positions and verify slots, so its K/V writes land in request 2's slots."""
+    from dataclasses import replace
+    runner = make_runner(engine)
+    runner.options = replace(runner.options, dummy_padding_entries=False)
+    n = engine.s.q_len
+    vb = live_batch(engine, [0, 1, 2])
+    runner.verify(vb)
+    st, live = runner._graphs[4], 3 * n
+    assert torch.equal(st.out_cache_loc[live:], vb.attn.out_cache_loc[live - n:])
+    assert torch.equal(st.positions[live:], vb.positions[live - n:])
+    assert (st.input_ids[live:] == 0).all()                       # the dummy's own tokens
+    assert torch.diff(st.kv_indptr).tolist() == vb.seq_lens.tolist() + [int(vb.seq_lens[2])]
+    start = int(st.kv_indptr[3])
+    assert torch.equal(st.kv_indices[start:int(st.kv_indptr[4])], vb.attn.kv_indices[int(vb.attn.kv_indptr[2]):])
+
+
+@pytest.mark.parametrize("at_capacity", [True, False])
+def test_the_captured_max_kv_len_bounds_later_replays(engine, at_capacity):
+    """The graph freezes the max_kv_len scalar at capture: SGLang-style at the
+    buffers' capacity (max_context), every later prefix read whole; frozen at the
+    capturing batch's longest prefix (the stale-graph-scalar fault), a later,
+    longer prefix loses its tail keys, and the replay audit says which."""
+    from dataclasses import replace
+    from harness.localize.graph_audit import audit_graph
+    runner = make_runner(engine)
+    runner.options = replace(runner.options, max_kv_len_at_capacity=at_capacity)
+    by_len = sorted(engine.requests, key=lambda r: r.seq_len)
+    short, long = by_len[0], by_len[-1]
+    assert short.seq_len < long.seq_len
+    runner.verify(live_batch(engine, [short.rid]))
+    vb = live_batch(engine, [long.rid], step=1)
+    got, want = runner.verify(vb), eager(engine, vb)
+    meta = runner._graphs[1].meta
+    wrong = [w for w in audit_graph(runner.last, engine.req_pool.req_to_token, 1) if w.quantity == "max_kv_len"]
+    if at_capacity:
+        assert meta.max_kv_len == engine.max_context and not wrong
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert meta.max_kv_len == short.seq_len and wrong[0].hint == "stale-scalar"
+        assert (wrong[0].expected, wrong[0].found) == (long.seq_len, short.seq_len)
+        assert not torch.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
 def test_one_capture_per_bucket_reused_across_replays(engine):
     """A bucket is captured once; later batches of that bucket replay it."""
     runner = make_runner(engine)

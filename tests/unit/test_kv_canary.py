@@ -27,9 +27,18 @@ def _rounds(s: RunSettings):
     return engine, out
 
 
+def _backends():
+    out = ["torch"]
+    from harness.attn.sglang_triton import available
+    if available():
+        out.append(pytest.param("sglang-triton", marks=pytest.mark.sglang))
+    return out
+
+
+@pytest.mark.parametrize("backend", _backends())
 @pytest.mark.parametrize("extra", CLEAN_SLICE)
-def test_poisoned_free_slots_never_change_a_fault_free_run(extra):
-    s = replace(BASE, **extra)
+def test_poisoned_free_slots_never_change_a_fault_free_run(extra, backend):
+    s = replace(BASE, backend=backend, **extra)
     poisoned_engine, poisoned = _rounds(replace(s, kv_poison=True))
     _, plain = _rounds(replace(s, kv_poison=False))
     assert len(poisoned) == len(plain) > 1
@@ -83,3 +92,36 @@ def test_writes_into_committed_or_free_slots_are_findings_and_moves_carry_proven
     p.freed(torch.tensor([3]))
     assert p.check_reads(0, 0, torch.tensor([1, 2, 8]), [7, 8, 9]) == []
     assert int(p.owner[3]) == FREE
+
+
+def test_a_batch_padding_row_writing_a_live_rows_slot_is_a_finding():
+    p = _prov()
+    rows = dict(allocated=frozenset({6, 7}), committed={})
+    owners = torch.tensor([0, 0, BATCH_PADDING, BATCH_PADDING])
+    assert p.check_writes(0, torch.tensor([6, 7, 0, 0]), owners, torch.tensor([3, 4, 0, 0]), **rows) == []
+    found = p.check_writes(0, torch.tensor([6, 7, 0, 7]), owners, torch.tensor([3, 4, 0, 4]), **rows)
+    assert [(f.kind, f.slot, f.request) for f in found] == [("padding-write", 7, 0)]
+
+
+@pytest.mark.parametrize("poison", [True, False])
+def test_live_padding_entries_are_caught_and_named_with_and_without_poison(poison):
+    s = replace(BASE, fault="padded-entry-live", cuda_graph=True, batch=3, kv_poison=poison)
+    w = RecordWriter(None)
+    summary = check(prepare(s), w)
+    assert not summary.passed and summary.fault_class == "padded-entry-live"
+    assert summary.divergent_nodes > 0                 # the dummy's K/V reach request 2's later rounds
+    found = [json.loads(x) for x in w.lines if '"kind": "provenance"' in x]
+    assert found[0]["finding"] == "padding-write" and found[0]["step"] == 0 and found[0]["request"] == 2
+    assert "batch-padding entries" in summary.explanation
+
+
+def test_run_prints_a_provenance_first_divergence(tmp_path):
+    """A run whose first divergence is a canary finding (no logits differ) prints it, exit 1."""
+    from typer.testing import CliRunner
+    from harness.cli import _register, app
+    _register()
+    out = CliRunner().invoke(app, ["run", "--backend", "torch", "--fault", "free-slot-read", "--no-kv-poison",
+                                   "--max-new-tokens", "10", "--out", str(tmp_path / "r.jsonl")],
+                             env={"COLUMNS": "400"})
+    assert out.exit_code == 1, out.output
+    assert "KV provenance: step 1" in out.output and "is free" in out.output
