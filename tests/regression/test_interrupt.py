@@ -18,7 +18,10 @@ def test_sigint_stops_a_sweep_cleanly(tmp_path):
     cmd = [sys.executable, "-c", "from harness.cli import main; main()", "sweep", "--budget", "4,8,16,32",
            "--topk", "1,2", "--batch", "1,2", "--backend", "torch", "--max-new-tokens", "24", "--jobs", "2",
            "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # a shell without job control starts background jobs with SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: give the sweep the terminal's default, as a user pressing Ctrl-C has it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parent = psutil.Process(proc.pid)
     deadline = time.time() + 240
     while time.time() < deadline and len(parent.children(recursive=True)) < 2:
