@@ -26,6 +26,7 @@ was expected, in one line.
     backend = ["torch"]
     batch = [2]
     dtype = ["float32"]
+    page_size = [1, 16]                # KV page size (harness/mem/paged.py)
     fault = "padded-kv-visible"        # optional: switch a fault on (the gate must then fail)
     acceptance = { mean_accepted_length = 3.4, band = 0.3 }   # optional: the gate fails a setting of
                                        # this table whose mean accepted length is below 3.4 - 0.3
@@ -50,12 +51,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.compare.acceptance_stats import AcceptanceBaseline
-from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PromptSpec, RunSettings, UsageError
+from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
 
-AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype")
+AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "page_size")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
-                 "batch": (1,), "dtype": ("float32",)}
-_AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str}
+                 "batch": (1,), "dtype": ("float32",), "page_size": (1,)}
+_AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
+               "page_size": int}
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
              "faults", "tolerances", "impl", "port_stages", "strict"}
 CASES_DIR = Path("cases")
@@ -168,6 +170,8 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
         raise _fail(path, f"{where}{axis}", f"values <= {limit}", raw)
     if axis == "dtype" and any(v not in DTYPES for v in values):
         raise _fail(path, f"{where}{axis}", f"dtypes among {', '.join(DTYPES)}", raw)
+    if axis == "page_size" and any(v not in PAGE_SIZES for v in values):
+        raise _fail(path, f"{where}{axis}", f"page sizes among {', '.join(map(str, PAGE_SIZES))}", raw)
     return tuple(dict.fromkeys(values))
 
 

@@ -23,7 +23,8 @@ from harness.runner.settings import RunSettings
 def default_out(s: RunSettings) -> Path:
     graph = "graph" if s.cuda_graph else "eager"
     fault = f"-{s.fault}" if s.fault else ""
-    return Path("reports") / f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{fault}.jsonl"
+    page = f"-p{s.page_size}" if s.page_size != 1 else ""
+    return Path("reports") / f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{page}{fault}.jsonl"
 
 
 @app.command()
@@ -66,6 +67,8 @@ def run(
                               "judged at the float32 tolerance; with --tf32 at the labelled tf32 one)"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
+    page_size: int = typer.Option(1, help="KV page size: 1, or a power of two up to 64 (branch regions of whole "
+                                  "pages, compaction at commit)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -78,7 +81,7 @@ def run(
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
-                        noise_rule=parse_noise_rule(noise_rule))
+                        noise_rule=parse_noise_rule(noise_rule), page_size=page_size)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

@@ -1,5 +1,5 @@
 """KV memory in SGLang's layout: a token-slot KV pool, a slot allocator with a
-free list, and the req_to_token table (page size 1)."""
+free list, and the req_to_token table (page size 1; pages: harness/mem/paged.py)."""
 from __future__ import annotations
 
 from collections import deque
@@ -61,14 +61,16 @@ class KVPool:
     start, each slot again when it is freed)."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str,
-                 poison: bool = False) -> None:
+                 poison: bool = False, page_size: int = 1) -> None:
+        from harness.mem.paged import make_allocator
         from harness.mem.provenance import SlotProvenance
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
         self.poison = poison
         self.provenance = SlotProvenance(num_slots)
-        self.allocator = SlotAllocator(num_slots, on_free=self._on_free)
+        self.page_size = page_size
+        self.allocator = make_allocator(num_slots, page_size, on_free=self._on_free)  # by page size
         if poison:
             self._on_free(torch.arange(PADDING_SLOT + 1, num_slots))
 

@@ -10,6 +10,7 @@ import torch
 
 from ddschema import ModelConfig
 from harness.attn.base import AttentionBackend
+from harness.mem.paged import pool_slots
 from harness.mem.pool import KVPool, ReqToTokenPool
 from harness.mem.provenance import BATCH_PADDING, ProvenanceFinding
 from harness.model.llama import LlamaModel
@@ -76,8 +77,9 @@ class Engine:
         if self.max_context > cfg.max_position:
             raise UsageError(f"prompts + --max-new-tokens + q_len need {self.max_context} positions; "
                              f"the model has {cfg.max_position}")
-        num_slots = 2 + len(prompts) * (self.max_context + q_len) + 64
-        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev, poison=settings.kv_poison)
+        num_slots = pool_slots(len(prompts), self.max_context, q_len, settings.page_size)
+        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev, poison=settings.kv_poison,
+                           page_size=settings.page_size)
         self.finish_findings: list[ProvenanceFinding] = []  # committed slots already free when a request retired
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
@@ -96,7 +98,9 @@ class Engine:
     def prefill(self) -> None:
         """Causal extend of every prompt; the last logits give the first root."""
         lens = [len(r.prompt) for r in self.requests]
-        loc = self.pool.allocator.alloc(sum(lens)).to(self.s.device)
+        # page size > 1: each prompt on pages of its own (alloc takes fresh pages)
+        loc = torch.cat([self.pool.allocator.alloc(n) for n in lens] if self.s.page_size > 1
+                        else [self.pool.allocator.alloc(sum(lens))]).to(self.s.device)
         ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
         pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
         meta = prefill_metadata(lens, loc).to(self.s.device)
@@ -150,7 +154,14 @@ class Engine:
         if any(t.q_len != q for t in trees):
             raise ValueError(f"the tree stage built widths {sorted({t.q_len for t in trees})}; the run's verify "
                              f"width is {q}")
-        loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
+        placed = None
+        if s.page_size > 1:   # branch regions of whole pages (harness/ddtree/verify_slots.py)
+            r2t = self.req_pool.req_to_token
+            loc, placed = p.place_rows(self.pool.allocator, self.pool, trees, [r.seq_len for r in active],
+                                       [r2t[r.req_pool_idx, :r.seq_len].cpu() for r in active])
+            loc = loc.to(s.device)
+        else:
+            loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, loc, p.build_mask)
         vb = vb.to(s.device)
@@ -169,7 +180,7 @@ class Engine:
             cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
                                    tuple(loc[rows].tolist()), acc, cross, drafts[b]))
-        self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu())
+        self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu(), placed)
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
         return StepResult(step, tuple(out), vb, tuple(findings))
@@ -197,9 +208,14 @@ class Engine:
         return found
 
     def _commit(self, active: list[Request], trees: list[DraftTree], accs: list[Acceptance],
-                loc: torch.Tensor) -> None:
-        """loc  # [bs*q_len] the verify rows' slots. Per request, or the pipeline's batched commit."""
+                loc: torch.Tensor, placed: list | None = None) -> None:
+        """loc  # [bs*q_len] the verify rows' slots. Per request, or the pipeline's batched commit;
+        placed: the paged placements (page size > 1), compacted by the pipeline's commit_paged."""
         p, q = self.pipeline, self.q_len
+        if placed is not None:
+            for r, pl, acc in zip(active, placed, accs):
+                r.seq_len = p.commit_paged(self.req_pool, self.pool, r.req_pool_idx, r.seq_len, pl, acc)
+            return
         if p.commit_batch is not None:
             lens = p.commit_batch(self.req_pool, self.pool, [r.req_pool_idx for r in active],
                                   [r.seq_len for r in active], loc, trees, accs)

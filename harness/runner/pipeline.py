@@ -8,9 +8,11 @@ from typing import Callable, Optional
 from harness.runner.graph import GraphOptions
 from harness.ddtree.accept import cut_at_stop, greedy_walk
 from harness.ddtree.commit import commit_kv
+from harness.ddtree.commit_paged import commit_paged
 from harness.ddtree.mask import flat_custom_mask
 from harness.ddtree.tree import build_tree
 from harness.ddtree.verify_inputs import build_verify_batch
+from harness.ddtree.verify_slots import place_batch
 
 
 def verify_width(budget: int) -> int:
@@ -37,3 +39,8 @@ class Pipeline:
     # a batched bonus read replaces each acceptance's bonus when set:
     # (predicts [bs*q_len] the batch's argmax, b, q_len, trees, acceptance) -> bonus token
     read_bonus: Optional[Callable] = None
+    # page size > 1 (harness/ddtree/verify_slots.py, commit_paged.py): the rows' slots in branch regions,
+    # (allocator, pool, trees, seq_lens, prefix_slots) -> (out_cache_loc [bs*q_len], placements), and the
+    # compaction, (req_to_token, pool, req_pool_idx, seq_len, placement, acceptance) -> seq_len
+    place_rows: Callable = place_batch
+    commit_paged: Callable = commit_paged

@@ -61,6 +61,7 @@ class RunSettings:
     verdict: str = "auto"           # fixed | noise-floor | auto (harness/compare/noise_floor.py)
     tf32: bool = False              # float32 on CUDA: let Triton's dots use TF32 (judged at the tf32 tolerance)
     noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
+    page_size: int = 1              # KV page size: 1 (a token-slot pool) or a paged pool (harness/mem/paged.py)
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
@@ -89,6 +90,7 @@ class RunSettings:
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
                    f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
+        checks += page_size_checks(self)
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -135,6 +137,8 @@ class RunSettings:
             parts.append("--noise-rule " + ",".join(f"{x:g}" for x in self.noise_rule))
         if self.oracle_device != "auto":
             parts.append(f"--oracle-device {self.oracle_device}")
+        if self.page_size != 1:
+            parts.append(f"--page-size {self.page_size}")
         if self.case:
             parts.append(f"--case {shlex.quote(self.case)}")
         if self.prompt_file:
@@ -142,6 +146,17 @@ class RunSettings:
         if self.prompt_lens:
             parts.append(f"--prompt-len {','.join(map(str, self.prompt_lens))}")
         return " ".join(parts)
+
+
+PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)   # powers of two, as SGLang's paged allocator takes them
+
+
+def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
+    """--page-size: a power of two up to 64; a port under test commits with page size 1 only."""
+    return [(s.page_size in PAGE_SIZES, f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, "
+                                        f"got {s.page_size}"),
+            (s.page_size == 1 or s.impl is None, "--page-size > 1 is not supported with --impl (a port's commit "
+                                                 "re-points slots at page size 1)")]
 
 
 def _valid_rule(rule) -> bool:
