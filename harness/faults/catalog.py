@@ -3,6 +3,7 @@ stage or flips one graph option; none of them is special-cased elsewhere."""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -12,6 +13,8 @@ from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, 
 from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
+from harness.ddtree.commit_paged import commit_paged, compaction_plan
+from harness.ddtree.verify_slots import place_batch
 
 
 def _graph(**switches):
@@ -188,6 +191,23 @@ def _commit_frees_last_accepted(req_to_token, allocator, req_pool_idx, seq_len, 
     return seq_len + n
 
 
+# -- paged KV (page size > 1) ----------------------------------------------------------
+
+def _plan_permuted(placed, acceptance):
+    """The compaction plan with two accepted tokens' sources swapped where their
+    committed positions share a page: each slot gets the other's K/V."""
+    win, tgt, src = compaction_plan(placed, acceptance)
+    ps = placed.page_size
+    j = next((j for j in range(tgt.numel() - 1) if int(tgt[j]) // ps == int(tgt[j + 1]) // ps), None)
+    if j is not None:
+        src = src.clone()
+        src[[j, j + 1]] = src[[j + 1, j]]
+    return win, tgt, src
+
+
+NEED_PAGED = lambda s, v: s.page_size > 1  # noqa: E731
+
+
 # -- the catalog ----------------------------------------------------------------------
 
 def _stage(**stages):
@@ -286,6 +306,16 @@ CATALOG = (
           "masked it in pop order: the accepted rows are not a path of the verified tree",
           "--topk >= 2, --budget >= --block-size (pop order differs from depth order)",
           "accept-topology-mismatch", _stage(accept=_accept_on_depth_order), all_of(NEED_WALK, has_branch)),
+    Fault("paged-compaction-permutation", "the paged compaction copies two accepted tokens' K/V into each other's "
+          "slots inside a page: req_to_token stays page-consistent, the bytes are permuted",
+          "--page-size > 1, --max-new-tokens > --block-size + 1 (a second verify reads them)",
+          "kv-compaction-permuted", _stage(commit_paged=partial(commit_paged, plan=_plan_permuted)),
+          all_of(NEED_PAGED, two_steps), source="SGLang #31218"),
+    Fault("paged-branch-shared-tail", "every branch region starts in the request's own partial tail page instead of "
+          "a copy of it: branches write over each other's tail slots", "--page-size > 1, --topk >= 2, --budget >= "
+          "--block-size (branches), --max-new-tokens > --block-size + 1", "branch-shared-tail",
+          _stage(place_rows=partial(place_batch, share_tail=True)), all_of(NEED_PAGED, has_branch, two_steps),
+          source="SGLang PR #26972"),
 )
 
 for _fault in CATALOG:

@@ -36,12 +36,14 @@ SHOW_SETTINGS: dict[str, dict] = {
     "padded-entry-live": {"cuda_graph": True, "batch": 3},
     "stale-graph-scalar": {"cuda_graph": True, "backend": "torch"},
     "accept-topology-mismatch": {"topk": 2},
+    "paged-compaction-permutation": {"page_size": 16},
+    "paged-branch-shared-tail": {"page_size": 16, "topk": 2},
 }
 
 # The fault-free matrix, run once per seed.
 CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
-                {"eos_id": "auto", "batch": 2})
-CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3})
+                {"eos_id": "auto", "batch": 2}, {"page_size": 16, "topk": 2, "batch": 2})
+CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3}, {"page_size": 16, "topk": 2, "batch": 2})
 
 
 @dataclass(frozen=True)

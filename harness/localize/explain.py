@@ -29,6 +29,8 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
                    "commit-past-stop", "padded-entry-live", "stale-graph-scalar",
                    "accept-topology-mismatch")
+# paged KV (page size > 1): named from the per-token commit audit and the rows' slots (localize/paged_audit.py)
+CATALOG_CLASSES += ("kv-compaction-permuted", "branch-shared-tail")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "unknown")
@@ -101,7 +103,9 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("commit", "free_slots", "committed-freed"): "free-slot-read",
          ("accept", "bonus", ""): "wrong-bonus",
          ("accept", "bonus", "cross-check"): "accept-mismatch",
-         ("accept", "accepted_rows", "cross-check"): "accept-mismatch"}
+         ("accept", "accepted_rows", "cross-check"): "accept-mismatch",
+         ("commit", "req_to_token", "page-permuted"): "kv-compaction-permuted",
+         ("build_verify_batch", "out_cache_loc", "shared-tail"): "branch-shared-tail"}
 HINTED_CLASSES = frozenset(HINTS.values()) | {"node-order"}
 
 

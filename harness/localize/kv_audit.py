@@ -69,7 +69,9 @@ def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVA
                                               f"from req_to_token[:{old}] at positions {bad[:6]}"))
         slots = torch.tensor(rs.row_slots)
         new = r2t[r.req_pool_idx, old:old + len(acc.rows)]
-        if not bool((new == slots[list(acc.rows)]).all()):
+        if engine.s.page_size > 1:   # a compaction copies K/V: each position's slot holds its own token's
+            _paged_commit(engine, rs, r, step, audit)
+        elif not bool((new == slots[list(acc.rows)]).all()):
             audit.violations.append(Violation(step, "commit", f"request {rs.rid}: positions {old}..{old + len(acc.rows) - 1} "
                                               f"point at slots {new.tolist()}, the accepted rows {list(acc.rows)} "
                                               f"were written at {slots[list(acc.rows)].tolist()}"))
@@ -80,10 +82,27 @@ def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVA
                                               f"points at slot {stale[0][1]}, which the allocator holds free "
                                               f"({len(stale)} such positions)"))
         freed = set(rs.row_slots) - set(new.tolist())
+        if engine.s.page_size > 1:   # rejected rows may share a kept page: pages no position uses must be free
+            used = {int(s) // engine.s.page_size for s in r2t[r.req_pool_idx, :old + len(acc.rows)].tolist()}
+            freed = {s for s in freed if s // engine.s.page_size not in used}
         referenced = {int(s) for s in freed if s in owned}
         if referenced:
             audit.violations.append(Violation(step, "freed-referenced", f"request {rs.rid}: slots "
                                               f"{sorted(referenced)[:6]} of rejected rows are still allocated"))
+
+
+def _paged_commit(engine, rs, r, step: int, audit: KVAudit) -> None:
+    """Per token: the slot of each new position holds that position's token (its provenance)."""
+    prov, r2t = engine.pool.provenance, engine.req_pool.req_to_token.cpu()
+    old, acc = len(rs.prefix), list(rs.acceptance.rows)
+    for j, i in enumerate(acc):
+        s = int(r2t[r.req_pool_idx, old + j])
+        held = (int(prov.owner[s]), int(prov.position[s]), int(prov.token[s]))
+        if held != (rs.rid, old + j, rs.tree.tokens[i]):
+            audit.violations.append(Violation(step, "commit", f"request {rs.rid}: position {old + j} points at slot "
+                                              f"{s}, which holds request {held[0]}'s position {held[1]} (token "
+                                              f"{held[2]}), not accepted row {i}'s K/V (token {rs.tree.tokens[i]})"))
+            return
 
 
 def audit_cache(engine, result, oracle, tol: float, audit: KVAudit) -> None:

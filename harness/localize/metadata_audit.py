@@ -86,7 +86,7 @@ def verify_inputs(engine, result) -> list[Wrong]:
             text += f"; it names {slot_owner(int(f[0]), owners, _request_at(i, seq, rids))}"
         out.append(Wrong(step, "build_verify_batch", name, None, i, e, f, count, text))
     out += _mask(engine, result, trees, seq, mask_indptr)
-    out += _out_cache_loc(result, trees, owners)
+    out += _out_cache_loc(result, trees, owners, engine)
     return out
 
 
@@ -171,7 +171,7 @@ def _mask_stage(engine, trees, seq, a) -> str:
     return "build_mask" if same else "build_verify_batch"
 
 
-def _out_cache_loc(result, trees, owners) -> list[Wrong]:
+def _out_cache_loc(result, trees, owners, engine=None) -> list[Wrong]:
     vb, n = result.batch, result.batch.q_len
     want = torch.tensor([s for rs in result.requests for s in rs.row_slots])
     got = vb.attn.out_cache_loc.cpu()
@@ -191,10 +191,21 @@ def _out_cache_loc(result, trees, owners) -> list[Wrong]:
                          "padding-alias" if alias and kind == "padding" else ""))
     dup = sorted({s for s in got.tolist() if got.tolist().count(s) > 1})
     if dup and i is None:
+        tail = _shared_tail(engine, result, got.tolist(), dup[0])
         out.append(Wrong(result.step, "build_verify_batch", "out_cache_loc", None, got.tolist().index(dup[0]),
                          "unique slots", dup[:8], len(dup), f"out_cache_loc is not unique: slot {dup[0]} is written "
-                         f"by rows {[r for r, s in enumerate(got.tolist()) if s == dup[0]]}"))
+                         f"by rows {[r for r, s in enumerate(got.tolist()) if s == dup[0]]}"
+                         + (f"; {tail}" if tail else ""), "shared-tail" if tail else ""))
     return out
+
+
+def _shared_tail(engine, result, loc: list[int], dup: int) -> str | None:
+    """With a paged pool: the rows aliasing `dup` share the request's committed tail page (paged_audit)."""
+    if engine is None or engine.s.page_size == 1:
+        return None
+    from harness.localize.paged_audit import shared_tail
+    idx = {r.rid: r.req_pool_idx for r in engine.requests}
+    return shared_tail(result, engine.req_pool.req_to_token.cpu(), idx, loc, dup, engine.s.page_size)
 
 
 def acceptance(engine, result, oracle) -> list[Wrong]:
@@ -236,6 +247,9 @@ def commit(engine, result) -> list[Wrong]:
     judged by the port audit instead)."""
     if engine.pipeline.commit_batch is not None:
         return []
+    if engine.s.page_size > 1:   # a compaction: judged per token (harness/localize/paged_audit.py)
+        from harness.localize.paged_audit import commit as paged_commit
+        return paged_commit(engine, result)
     r2t = engine.req_pool.req_to_token.cpu()
     owned = engine.pool.allocator.owned
     out = []
