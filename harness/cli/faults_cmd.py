@@ -19,6 +19,7 @@ MAX_SEEDS = 1000   # seeds of the self-check's fault-free matrix, or per fault
 def _flags(s) -> str:
     parts = [f"--budget {s.budget}", f"--topk {s.topk}", f"--batch {s.batch}", f"--backend {s.backend}",
              f"--seed {s.seed}", f"--max-new-tokens {s.max_new_tokens}"]
+    parts += [f"--page-size {s.page_size}"] if s.page_size != 1 else []
     return " ".join((["--cuda-graph"] if s.cuda_graph else []) + parts)
 
 
