@@ -36,12 +36,13 @@ SHOW_SETTINGS: dict[str, dict] = {
     "padded-entry-live": {"cuda_graph": True, "batch": 3},
     "stale-graph-scalar": {"cuda_graph": True, "backend": "torch"},
     "accept-topology-mismatch": {"topk": 2},
+    "sinks-first-row-only": {"model": "tiny-sinks"},
 }
 
 # The fault-free matrix, run once per seed.
 CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
-                {"eos_id": "auto", "batch": 2})
-CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3})
+                {"eos_id": "auto", "batch": 2}, {"model": "tiny-sinks", "topk": 2}, {"model": "tiny-softcap"})
+CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3}, {"model": "tiny-sinks", "topk": 2})
 
 
 @dataclass(frozen=True)
