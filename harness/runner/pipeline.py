@@ -44,3 +44,5 @@ class Pipeline:
     # compaction, (req_to_token, pool, req_pool_idx, seq_len, placement, acceptance) -> seq_len
     place_rows: Callable = place_batch
     commit_paged: Callable = commit_paged
+    # wraps the run's attention backend (a change to the kernel itself): backend -> backend; None: as made
+    attention: Optional[Callable] = None

@@ -30,7 +30,7 @@ REFUSED = {
     "llama sliding window": {**LLAMA, "sliding_window": 64},
     "qwen2 sliding window": {**QWEN2, "use_sliding_window": True, "sliding_window": 64},
     "sliding layer types": {**QWEN2, "layer_types": ["full_attention", "sliding_attention"]},
-    "attention soft-cap": {**LLAMA, "attn_logit_softcapping": 50.0},
+    "attention soft-cap not a number": {**LLAMA, "attn_logit_softcapping": "50"},
     "final soft-cap": {**LLAMA, "final_logit_softcapping": 30.0},
     "mlp bias": {**LLAMA, "mlp_bias": True},
     "gelu": {**LLAMA, "hidden_act": "gelu"},
