@@ -81,7 +81,8 @@ def _window(hf: dict, arch: str, num_layers: int) -> tuple[int | None, tuple[int
         return None, ()
     w = hf.get("sliding_window")
     if not isinstance(w, int) or isinstance(w, bool) or w < 1:
-        raise ModelLoadError(f"config.json: sliding layers need sliding_window, a positive integer, got {w!r}")
+        raise ModelLoadError(f"config.json: sliding layers with sliding_window {w!r} (not a positive integer) "
+                             "are not supported")
     return w, layers
 
 
