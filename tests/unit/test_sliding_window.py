@@ -98,9 +98,9 @@ def test_alternating_preset_matches_the_oracle():
 
 
 @pytest.mark.sglang
-@pytest.mark.parametrize("topk", [1, 2])
-def test_sglang_kernel_with_a_window_matches_the_oracle(topk):
-    summary = run(backend="sglang-triton", topk=topk, budget=8, sliding_window=8, max_new_tokens=6)
+@pytest.mark.parametrize("backend, topk", [("sglang-triton", 1), ("sglang-triton", 2), ("sglang-unified", 2)])
+def test_sglang_kernels_with_a_window_match_the_oracle(backend, topk):
+    summary = run(backend=backend, topk=topk, budget=8, sliding_window=8, max_new_tokens=6)
     assert summary.passed and summary.nodes_checked > 0
 
 
