@@ -34,7 +34,11 @@ class ModelConfig:
     `qkv_bias` is Qwen2's bias on q/k/v projections; `o_bias` a bias on
     o_proj too (Llama's and Qwen3's `attention_bias` sets both); `qk_norm` is
     Qwen3's per-head RMSNorm on q and k before RoPE; `rope_scaling` None is
-    plain RoPE.
+    plain RoPE. `attn_logit_softcap` c (Gemma 2's `attn_logit_softcapping`)
+    maps every scaled attention score s to c * tanh(s / c) before the mask;
+    `attn_sinks` gives each layer a learned sink logit per query head
+    (gpt-oss's `self_attn.sinks`, [num_heads]): one more term exp(sink) in
+    the softmax's denominator, with no value.
 
     `sliding_window` W (Hugging Face's convention, the query itself
     included): on the layers in `sliding_layers`, a query at position q sees a
@@ -59,6 +63,8 @@ class ModelConfig:
     max_position: int = 4096
     o_bias: bool = False
     rope_scaling: RopeScaling | None = None
+    attn_logit_softcap: float | None = None
+    attn_sinks: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
 
@@ -71,6 +77,8 @@ class ModelConfig:
             raise ValueError("num_heads must be a multiple of num_kv_heads (GQA)")
         if self.head_dim % 2:
             raise ValueError("head_dim must be even for RoPE")
+        if self.attn_logit_softcap is not None and not 0 < self.attn_logit_softcap < float("inf"):
+            raise ValueError(f"attn_logit_softcap must be a positive number, got {self.attn_logit_softcap}")
         if (self.sliding_window is None) != (not self.sliding_layers):
             raise ValueError("sliding_window and sliding_layers are set together (a window needs its layers)")
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
@@ -101,6 +109,8 @@ def weight_names(cfg: ModelConfig) -> list[str]:
             names.append(p + "self_attn.o_proj.bias")
         if cfg.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if cfg.attn_sinks:
+            names.append(p + "self_attn.sinks")
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names.append(p + f"mlp.{proj}.weight")
     return names

@@ -195,7 +195,8 @@ def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
     """The nodes' low-precision twins when the noise-floor verdict judges the run."""
     if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
         return None
-    return CausalTwin(engine.model, engine.backend, s.device, engine.max_context + engine.q_len)
+    # the kernel as made: a pipeline's change to the attention is under test, the twin measures the dtype's noise
+    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len)
 
 
 def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
@@ -213,7 +214,7 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
         tuple(p.prompts) if s == p.settings else prompts_of(s)))
     cfg = p.engine.cfg
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
-    backend = p.engine.backend if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
+    backend = p.engine.kernel if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
     if pipeline is None:
         pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
     engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies

@@ -105,9 +105,8 @@ def refuse_unsupported_math(hf: dict, arch: str) -> None:
         raise CheckpointRefused(f"hidden_act {hf['hidden_act']!r} is not supported (silu is)")
     if hf.get("mlp_bias"):
         raise CheckpointRefused("mlp_bias is not supported")
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if hf.get(key) is not None:
-            raise CheckpointRefused(f"{key} (soft-capping) is not supported")
+    if hf.get("final_logit_softcapping") is not None:
+        raise CheckpointRefused("final_logit_softcapping (soft-capping of the output logits) is not supported")
     types = hf.get("layer_types")
     if types is not None:
         if not isinstance(types, list):
@@ -157,6 +156,9 @@ def read_config(hf: dict) -> ModelConfig:
     qkv_bias, qk_norm, honours_bias, default_max = ARCHITECTURES[arch]
     attention_bias = bool(hf.get("attention_bias", False)) and honours_bias
     theta, scaling = rope_scaling_of(hf)
+    cap = hf.get("attn_logit_softcapping")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+        raise CheckpointRefused(f"attn_logit_softcapping must be a positive number, got {cap!r}")
     try:
         heads = int(hf["num_attention_heads"])
         window, sliding = sliding_window_of(hf, arch, int(hf["num_hidden_layers"]))
@@ -168,7 +170,8 @@ def read_config(hf: dict) -> ModelConfig:
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), qkv_bias=qkv_bias or attention_bias,
             qk_norm=qk_norm, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_position=int(hf.get("max_position_embeddings") or default_max),
-            o_bias=attention_bias, rope_scaling=scaling, sliding_window=window, sliding_layers=sliding)
+            o_bias=attention_bias, rope_scaling=scaling,
+            attn_logit_softcap=None if cap is None else float(cap), sliding_window=window, sliding_layers=sliding)
     except KeyError as e:
         raise CheckpointRefused(f"config.json lacks {e}") from None
     except (TypeError, ValueError) as e:
@@ -188,6 +191,9 @@ def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, 
     weights: dict[str, Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
         weights.update(read_safetensors(f, device))
+    # attention sinks are tensors in gpt-oss's checkpoints, never a config key: their presence sets them
+    if any(n.endswith(".self_attn.sinks") for n in weights):
+        cfg = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "attn_sinks": True})
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")

@@ -17,6 +17,8 @@ Conventions (all Hugging Face's):
     position q sees a key at absolute position k only if q - k < W, on top of
     whatever else hides the key (Hugging Face's convention: W keys, itself
     included)
+  * Gemma 2's attn_logit_softcapping c: scores c * tanh(s / c), before the mask
+  * gpt-oss's sinks: a per-head logit in the softmax's denominator, no value
 """
 from __future__ import annotations
 
@@ -83,20 +85,30 @@ def window_visibility(query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor
     return (query_pos[:, None] - key_pos[None, :]) < window
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | None = None,
+              softcap: float | None = None) -> Tensor:
     """Softmax attention in float64.
 
     q [T, heads, d], k and v [S, kv_heads, d] (S >= T: a cached prefix's keys
     come first), visible [T, S] bool. Returns [T, heads, d]. Every row must
-    see at least one key.
+    see at least one key. softcap c: each score s (after the 1/sqrt(d)
+    scale) becomes c * tanh(s / c). sinks [heads]: one extra logit per head
+    that joins the softmax's normalisation and carries no value (its
+    probability is dropped).
     """
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
     k_full = k.repeat_interleave(group, dim=1)  # [T, heads, d]
     v_full = v.repeat_interleave(group, dim=1)  # [T, heads, d]
     scores = torch.einsum("qhd,khd->hqk", q, k_full) / math.sqrt(d)  # [heads, T, S]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~visible[None, :, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)  # [heads, T, S]
+    if sinks is not None:
+        sink_col = sinks.to(scores)[:, None, None].expand(heads, scores.shape[1], 1)  # [heads, T, 1]
+        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]  # [heads, T, S]
+    else:
+        probs = torch.softmax(scores, dim=-1)  # [heads, T, S]
     return torch.einsum("hqk,khd->qhd", probs, v_full)  # [T, heads, d]
 
 
@@ -142,7 +154,8 @@ class DenseLlama:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
         v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
-        out = attention(q, k_all, v_all, visible).reshape(t, c.num_heads * c.head_dim)  # [T, H*d]
+        sinks = self.w[p + "sinks"] if c.attn_sinks else None  # [H]
+        out = attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap).reshape(t, c.num_heads * c.head_dim)
         return self._linear(out, p + "o_proj", c.o_bias), k, v
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from harness.attn.base import BackendUnavailable, register
+from harness.attn.base import PLAIN, BackendUnavailable, LayerAttention, register
 from harness.ddtree.verify_inputs import AttnMetadata
 
 MODULE_PATHS = (
@@ -67,6 +67,16 @@ def float32_dots(tf32: bool) -> str:
     return os.environ["TRITON_F32_DEFAULT"]
 
 
+def kernel_extras(layer_attn: LayerAttention, device) -> dict:
+    """SGLang's `logit_cap` and `sinks` arguments for a layer (only what the layer sets)."""
+    extras = {}
+    if layer_attn.logit_cap > 0:
+        extras["logit_cap"] = float(layer_attn.logit_cap)
+    if layer_attn.sinks is not None:
+        extras["sinks"] = layer_attn.sinks.to(device=device, dtype=torch.float32).contiguous()  # [heads]
+    return extras
+
+
 def available() -> bool:
     try:
         _import_kernel()
@@ -110,7 +120,8 @@ class SGLangTritonBackend:
             return None
         return -(-prefix_len // block_n)
 
-    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
+                layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
         cd = self.compute_dtype
         q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()
         o = torch.empty_like(q_)
@@ -121,7 +132,8 @@ class SGLangTritonBackend:
             args += [1.0, 1.0]
         # a sliding-window layer's mask carries the window in its prefix columns (meta.prefix_mask): the kernel
         # must read them; its own sliding_window_size would bound rows by their flat index, not their depth
-        self._fwd(*args, sm_scale=1.0 / q.shape[-1] ** 0.5, skip_prefix_custom_mask=not meta.prefix_mask)
+        self._fwd(*args, sm_scale=1.0 / q.shape[-1] ** 0.5, skip_prefix_custom_mask=not meta.prefix_mask,
+                  **kernel_extras(layer_attn, q.device))
         return o.to(q.dtype)
 
 

@@ -12,8 +12,9 @@ import importlib
 
 import torch
 
-from harness.attn.base import BackendUnavailable, register
-from harness.attn.sglang_triton import INSTALL_HINT, MODULE_PATHS, SGLangTritonBackend, _one_line, prepare_interpreter
+from harness.attn.base import PLAIN, BackendUnavailable, LayerAttention, register
+from harness.attn.sglang_triton import (INSTALL_HINT, MODULE_PATHS, SGLangTritonBackend, _one_line, kernel_extras,
+                                        prepare_interpreter)
 from harness.ddtree.verify_inputs import AttnMetadata
 
 
@@ -54,14 +55,16 @@ class SGLangUnifiedBackend(SGLangTritonBackend):
         return self._indices(meta.kv_indptr, meta.kv_indices, meta.qo_indptr[:-1], extend_lens,
                              meta.out_cache_loc, bs)
 
-    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
+                layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
         cd = self.compute_dtype
         q_ = q.to(cd).contiguous()
         o = torch.empty_like(q_)
         indptr, indices, prefix_lens = self.unified_indices(meta)
         self._unified(q_, o, k_buffer.to(cd), v_buffer.to(cd), 1.0, 1.0, meta.qo_indptr, indptr, indices,
                       prefix_lens, meta.max_len_extend, custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
-                      sm_scale=1.0 / q.shape[-1] ** 0.5, is_causal=meta.custom_mask is None)
+                      sm_scale=1.0 / q.shape[-1] ** 0.5, is_causal=meta.custom_mask is None,
+                      **kernel_extras(layer_attn, q.device))
         return o.to(q.dtype)
 
 

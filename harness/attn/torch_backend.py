@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.attn.base import register
+from harness.attn.base import PLAIN, LayerAttention, register
 from harness.ddtree.verify_inputs import AttnMetadata
 
 
@@ -18,7 +18,8 @@ class TorchBackend:
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
-    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata) -> torch.Tensor:
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
+                layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
         out = torch.empty_like(q)
         qo, kvp = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
         for b in range(meta.batch_size):
@@ -30,7 +31,7 @@ class TorchBackend:
             if meta.max_kv_len is not None and kvp[b + 1] - kvp[b] > meta.max_kv_len:
                 allowed = allowed.clone()
                 allowed[:, meta.max_kv_len:kvp[b + 1] - kvp[b]] = False   # past the loop's bound: never visited
-            out[rows] = _attend(q[rows], keys, vals, allowed)
+            out[rows] = _attend(q[rows], keys, vals, allowed, layer_attn)
         return out
 
 
@@ -48,17 +49,24 @@ def _request_mask(meta: AttnMetadata, b: int, prefix: int, n: int) -> torch.Tens
     return torch.as_strided(flat, (n, stride), (stride, 1), flat.storage_offset() + start).bool()
 
 
-def _attend(q, keys, vals, allowed) -> torch.Tensor:
+def _attend(q, keys, vals, allowed, layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v with GQA; a fully masked row divides 0 by 0
-    (NaN), as kernels without a guard do."""
+    (NaN), as kernels without a guard do. A soft cap bends the scaled scores
+    before the mask; a head's sink logit joins the denominator only."""
     group = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1).float()
     vals = vals.repeat_interleave(group, dim=1).float()
-    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) / q.shape[-1] ** 0.5
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) / q.shape[-1] ** 0.5   # [heads, n, keys]
+    if layer_attn.logit_cap > 0:
+        scores = layer_attn.logit_cap * torch.tanh(scores / layer_attn.logit_cap)
     scores = scores.masked_fill(~allowed[None], float("-inf"))
-    m = scores.amax(-1, keepdim=True).nan_to_num(neginf=0.0)
+    m = scores.amax(-1, keepdim=True).nan_to_num(neginf=0.0)                      # [heads, n, 1]
+    sink = None if layer_attn.sinks is None else layer_attn.sinks.float()[:, None, None]   # [heads, 1, 1]
+    if sink is not None:
+        m = torch.maximum(m, sink)
     p = torch.exp(scores - m)
-    p = p / p.sum(-1, keepdim=True)
+    denom = p.sum(-1, keepdim=True) + (0.0 if sink is None else torch.exp(sink - m))
+    p = p / denom
     return torch.einsum("hqk,khd->qhd", p, vals).to(q.dtype)
 
 

@@ -35,7 +35,7 @@ def run(
     batch: int = typer.Option(1, help="requests per verify batch"),
     max_new_tokens: int = typer.Option(24, help="tokens each request generates"),
     block_size: int = typer.Option(8, help="drafter block size (depth cap L = block_size - 1)"),
-    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3) or a local HF checkpoint directory"),
+    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3, tiny-sinks, tiny-softcap, ...: `ddcheck run --help`) or a local HF checkpoint directory"),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16"),
     fault: Optional[str] = typer.Option(None, help="switch on a named fault (`ddcheck faults`)"),

@@ -8,6 +8,7 @@ import torch
 
 from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, has_window, num_nodes,
                                      reads_max_kv_len, reads_prefix_mask, register, two_steps)
+from harness.attn.base import PLAIN
 from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
 from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.ddtree.tree import DraftTree
@@ -314,3 +315,38 @@ CATALOG = (
 
 for _fault in CATALOG:
     register(_fault)
+
+
+# -- attention backend ------------------------------------------------------------
+
+class _SinksFirstRowOnly:
+    """The run's backend, but each request's sink logits reach its first verify row only: the other rows
+    run the same kernel without sinks (TensorRT-LLM #15739 applied sinks to the first row's heads only)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name, self.mask_regions, self.graph_capturable = inner.name, inner.mask_regions, inner.graph_capturable
+
+    def __getattr__(self, attr):   # precision, key_tiles, reads_max_kv_len: the kernel's own
+        return getattr(self.inner, attr)
+
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta, layer_attn=PLAIN):
+        with_sinks = self.inner.forward(q, k, v, layer, k_buffer, v_buffer, meta, layer_attn)
+        if layer_attn.sinks is None:
+            return with_sinks
+        without = self.inner.forward(q, k, v, layer, k_buffer, v_buffer, meta, replace(layer_attn, sinks=None))
+        first = torch.zeros(q.shape[0], dtype=torch.bool, device=q.device)   # [T] each request's row 0
+        first[meta.qo_indptr[:-1].to(q.device)] = True
+        return torch.where(first[:, None, None], with_sinks, without)
+
+
+def _has_sinks(s, vocab: int) -> bool:
+    """The model has attention sinks (a preset or checkpoint with self_attn.sinks tensors)."""
+    from harness.model.presets import model_config
+    return model_config(s.model).attn_sinks
+
+
+register(Fault(
+    "sinks-first-row-only", "the layer's sink logits are applied to the first verify row of each request only",
+    "a model with attention sinks (--model tiny-sinks)", "sinks-first-row-only",
+    lambda p: replace(p, attention=_SinksFirstRowOnly), _has_sinks, source="TensorRT-LLM #15739"))

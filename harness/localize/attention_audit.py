@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from harness.attn.base import PLAIN, LayerAttention
 from harness.localize.audits import ranges
 from harness.localize.mask_probe import probe_slots
 from harness.localize.wrong import Wrong
@@ -35,8 +36,10 @@ def rule_visibility(meta, b: int, mask_regions: frozenset[str]) -> torch.Tensor 
 
 
 def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, device: str,
-                    step: int, probes=None, seed: int = 0) -> Wrong | None:
-    """probes: the mask probe's per-request Visibility (to tell a misread mask from wrong arithmetic)."""
+                    step: int, probes=None, seed: int = 0, layer_attn: LayerAttention = PLAIN) -> Wrong | None:
+    """probes: the mask probe's per-request Visibility (to tell a misread mask from wrong arithmetic);
+    layer_attn: the sinks and soft cap of the model's first layer, handed to the backend and applied by
+    the reference too (a backend that drops them on some rows is named by which rows)."""
     qo, kvp = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
     t, n_idx = qo[-1], meta.kv_indices.numel()
     g = torch.Generator().manual_seed(seed)
@@ -48,7 +51,7 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
     probe_meta = probe_slots(meta, device)     # the rows' K/V saved after the prefix, as the contract says
     f32 = dict(dtype=torch.float32, device=device)
     out = backend.forward(q.to(**f32), k.to(**f32), v.to(**f32), 0, torch.cat([kb, k]).to(**f32),
-                          torch.cat([vb, v]).to(**f32), probe_meta).double().cpu()
+                          torch.cat([vb, v]).to(**f32), probe_meta, layer_attn).double().cpu()
     group = heads // kv_heads
     for b in range(meta.batch_size):
         allowed = rule_visibility(meta, b, backend.mask_regions)
@@ -57,21 +60,22 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
         rows = slice(qo[b], qo[b + 1])
         keys = torch.cat([kb[1 + kvp[b]:1 + kvp[b + 1]], k[rows]]).repeat_interleave(group, 1)
         vals = torch.cat([vb[1 + kvp[b]:1 + kvp[b + 1]], v[rows]]).repeat_interleave(group, 1)
-        scores = torch.einsum("qhd,khd->hqk", q[rows], keys) / head_dim ** 0.5
         live = allowed.any(-1)                       # rows with no visible key: 0/0, not judged
-        scores = scores.masked_fill(~allowed[None], float("-inf"))
-        ref = torch.einsum("hqk,khd->qhd", torch.softmax(scores[:, live], -1), vals)
+        ref = _reference(q[rows], keys, vals, allowed, layer_attn)[live]
         got = out[rows][live]
         err = float((got - ref).abs().nan_to_num(float("inf")).amax()) / max(float(ref.abs().max()), 1e-30)
         if err <= TOLERANCE:
             continue
         bad = ((got - ref).abs().nan_to_num(float("inf")).amax((-1, -2)) > TOLERANCE * float(ref.abs().max()))
         bad_rows = live.nonzero().flatten()[bad].tolist()
+        dropped = _dropped_extra(got, q[rows], keys, vals, allowed, layer_attn, live, step, b)
+        if dropped is not None:
+            return dropped
         misread = None
         if probes is not None and probes[b].effective.shape == allowed.shape:
             wrong = (probes[b].effective != allowed) & live[:, None]
             misread = wrong.nonzero().tolist() or None
-        if misread and _explains(out[rows], q[rows], keys, vals, probes[b].effective, head_dim):
+        if misread and _explains(out[rows], q[rows], keys, vals, probes[b].effective, layer_attn):
             r, c = misread[0]
             return Wrong(step, "attention", "visibility", b, r, int(allowed[r, c]), int(probes[b].effective[r, c]),
                          len(misread), f"the backend applies another visibility than the metadata it was handed "
@@ -85,12 +89,50 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
     return None
 
 
-def _explains(got, q, keys, vals, effective, head_dim: int) -> bool:
+def _reference(q, keys, vals, allowed, layer_attn: LayerAttention) -> torch.Tensor:
+    """float64 softmax attention  # [rows, heads, d] over `allowed`, with the layer's soft cap and sinks."""
+    scores = torch.einsum("qhd,khd->hqk", q, keys) / q.shape[-1] ** 0.5       # [heads, rows, keys]
+    if layer_attn.logit_cap > 0:
+        scores = layer_attn.logit_cap * torch.tanh(scores / layer_attn.logit_cap)
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
+    if layer_attn.sinks is not None:
+        sink = layer_attn.sinks.double().cpu()[:, None, None].expand(-1, scores.shape[1], 1)   # [heads, rows, 1]
+        probs = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, -1)
+    return torch.einsum("hqk,khd->qhd", probs.nan_to_num(0.0), vals)
+
+
+def _dropped_extra(got, q, keys, vals, allowed, layer_attn: LayerAttention, live, step: int, b: int) -> Wrong | None:
+    """When every wrong row is a right softmax without the layer's sinks (or without its soft cap): which
+    rows dropped it (the rest apply it). None when neither explains the output."""
+    for quantity, without in (("sinks", LayerAttention(None, layer_attn.logit_cap)),
+                              ("logit_cap", LayerAttention(layer_attn.sinks, 0.0))):
+        if (layer_attn.sinks is None) if quantity == "sinks" else layer_attn.logit_cap == 0:
+            continue
+        full, bare = (_reference(q, keys, vals, allowed, a)[live] for a in (layer_attn, without))
+        scale = max(float(full.abs().max()), 1e-30)
+        fits = [(got - r).abs().nan_to_num(float("inf")).amax((-1, -2)) <= TOLERANCE * scale for r in (full, bare)]
+        if not bool((fits[0] | fits[1]).all()) or bool(fits[0].all()):
+            continue
+        rows = live.nonzero().flatten()
+        applied = rows[fits[0]].tolist()
+        missed = rows[~fits[0]].tolist()
+        first_only = applied == [0] and len(missed) == len(rows) - 1
+        what = "sink logits" if quantity == "sinks" else "soft cap"
+        return Wrong(step, "attention", quantity, b, missed[0], "applied on every row",
+                     f"applied on rows {ranges(applied)} only" if applied else "dropped on every row", len(missed),
+                     f"the backend drops the layer's {what} on rows {ranges(missed)} of request index {b} (their "
+                     f"output is a right softmax without them) and applies them on "
+                     f"{('rows ' + ranges(applied)) if len(applied) > 1 else ('row ' + ranges(applied)) if applied else 'no row'}",
+                     hint="first-row-only" if first_only else "")
+    return None
+
+
+def _explains(got, q, keys, vals, effective, layer_attn: LayerAttention) -> bool:
     """The backend's output is a right softmax over the visibility the probe measured: it misreads the mask,
     its arithmetic is right."""
     live = effective.any(-1)
-    scores = torch.einsum("qhd,khd->hqk", q, keys) / head_dim ** 0.5
-    scores = scores.masked_fill(~effective[None], float("-inf"))
-    ref = torch.einsum("hqk,khd->qhd", torch.softmax(scores[:, live], -1), vals)
+    ref = _reference(q, keys, vals, effective, layer_attn)[live]
     err = float((got[live] - ref).abs().nan_to_num(float("inf")).amax()) / max(float(ref.abs().max()), 1e-30)
     return err <= TOLERANCE

@@ -108,7 +108,7 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
     vis = probe_visibility(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                            engine.s.torch_dtype, engine.s.device)
     att = audit_attention(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, engine.s.device,
-                          result.step, vis)
+                          result.step, vis, layer_attn=engine.model.layer_attn[0])
     if att is not None:
         ev.wrongs.append(att)
     loc, qo, kvp = meta.out_cache_loc.cpu().tolist(), meta.qo_indptr.tolist(), meta.kv_indptr.tolist()

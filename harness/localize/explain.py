@@ -28,10 +28,10 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
                    "commit-past-stop", "padded-entry-live", "stale-graph-scalar",
-                   "accept-topology-mismatch", "swa-window")
+                   "accept-topology-mismatch", "sinks-first-row-only", "swa-window")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
-                    "unknown")
+                    "sinks-dropped", "softcap-dropped", "unknown")
 CLASSES = CATALOG_CLASSES + MEASURED_CLASSES
 
 
@@ -103,6 +103,10 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("build_verify_batch", "out_cache_loc", "padding-alias"): "slot-alias",
          ("commit", "req_to_token", "contiguous"): "kv-not-compacted",
          ("commit", "free_slots", "committed-freed"): "free-slot-read",
+         ("attention", "sinks", "first-row-only"): "sinks-first-row-only",
+         ("attention", "sinks", ""): "sinks-dropped",
+         ("attention", "logit_cap", "first-row-only"): "softcap-dropped",
+         ("attention", "logit_cap", ""): "softcap-dropped",
          ("accept", "bonus", ""): "wrong-bonus",
          ("accept", "bonus", "cross-check"): "accept-mismatch",
          ("accept", "accepted_rows", "cross-check"): "accept-mismatch"}

@@ -15,8 +15,12 @@ STAGE_WORDS = {"build_tree": "tree build", "build_mask": "mask", "build_verify_b
                "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit"}
 # within a stage, the order quantities are reported in
 QUANTITIES = ("tree", "input_ids", "positions", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
-              "custom_mask", "window_mask", "out_cache_loc", "visibility", "attention_output", "hidden", "kv_cache",
+              "custom_mask", "window_mask", "out_cache_loc", "visibility", "sinks", "logit_cap", "attention_output", "hidden", "kv_cache",
               "accepted_rows", "bonus", "req_to_token", "free_slots")
+
+
+# what the backend computes from visible keys (not from the metadata): wrong on any batch
+ARITHMETIC = ("sinks", "logit_cap", "attention_output")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class Wrong:
 
     def order(self) -> tuple[int, int, int]:
         # the backend's arithmetic is wrong on any batch, the prefill's included: it ranks first
-        if self.quantity == "attention_output":
+        if self.quantity in ARITHMETIC:
             return (-1, STAGES.index(self.stage), 0)
         # the cached K/V is read back after the round's commit: a committed prefix position (hint "prefix")
         # was written before the round, by the prefill or an earlier round; a new one ranks after every stage

@@ -28,8 +28,8 @@ def _refusals(hf: dict, arch: str) -> list[str]:
         found.append(f"hidden_act {hf['hidden_act']!r} (only silu)")
     if hf.get("mlp_bias"):
         found.append("mlp_bias")
-    found += [f"{k} (soft-capping)" for k in ("attn_logit_softcapping", "final_logit_softcapping")
-              if hf.get(k) is not None]
+    if hf.get("final_logit_softcapping") is not None:
+        found.append("final_logit_softcapping (soft-capping of the output logits)")
     if arch == "LlamaForCausalLM" and (hf.get("sliding_window") is not None
                                        or "sliding_attention" in (hf.get("layer_types") or ())):
         found.append("sliding_window on LlamaForCausalLM (its Hugging Face model has no window; "
@@ -126,6 +126,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if reads_bias and hf.get("attention_bias"):
         flags.update(qkv_bias=True, o_bias=True)  # Llama and Qwen3: bias on q, k, v and o
     _check_sizes(hf)
+    cap = hf.get("attn_logit_softcapping")
+    if cap is not None and (not isinstance(cap, (int, float)) or isinstance(cap, bool) or not 0 < cap < float("inf")):
+        raise ModelLoadError(f"config.json: attn_logit_softcapping must be a positive number, got {cap!r}")
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
     window, sliding = _window(hf, arch, hf["num_hidden_layers"])
@@ -136,7 +139,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, rope_theta=theta,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position=hf.get("max_position_embeddings") or max_default, rope_scaling=scaling, sliding_window=window,
+        max_position=hf.get("max_position_embeddings") or max_default, rope_scaling=scaling,
+        attn_logit_softcap=None if cap is None else float(cap), sliding_window=window,
         sliding_layers=sliding, **flags)
     try:
         return ModelConfig(**fields)
@@ -169,7 +173,8 @@ def config_to_hf(cfg: ModelConfig) -> dict:
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
             "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "hidden_act": "silu",
             "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position,
-            "attention_bias": cfg.o_bias, "rope_parameters": rope}
+            "attention_bias": cfg.o_bias, "rope_parameters": rope,
+            **({} if cfg.attn_logit_softcap is None else {"attn_logit_softcapping": cfg.attn_logit_softcap})}
     if cfg.sliding_window is not None:
         out.update(sliding_window=cfg.sliding_window, layer_types=[
             "sliding_attention" if i in cfg.sliding_layers else "full_attention" for i in range(cfg.num_layers)])

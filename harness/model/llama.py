@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from ddschema import ModelConfig
-from harness.attn.base import AttentionBackend
+from harness.attn.base import AttentionBackend, LayerAttention
 from harness.mem.pool import KVPool
 from harness.ddtree.verify_inputs import AttnMetadata
 
@@ -20,6 +20,7 @@ class LlamaModel:
         self.dtype = dtype
         self.w = {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
         self.inv_freq = rope_frequencies(cfg).to(device)  # [head_dim/2] float64
+        self.layer_attn = [layer_attention(cfg, weights, i, device) for i in range(cfg.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
                 pool: KVPool, backend: AttentionBackend,
@@ -73,7 +74,7 @@ class LlamaModel:
             k = _rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
         pool.set_kv(i, meta.out_cache_loc, k, v)  # K is cached after RoPE
-        o = backend.forward(q, k, v, i, pool.k_buffer[i], pool.v_buffer[i], meta)
+        o = backend.forward(q, k, v, i, pool.k_buffer[i], pool.v_buffer[i], meta, self.layer_attn[i])
         return F.linear(o.reshape(T, -1), w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
 
     def _mlp(self, p, x) -> torch.Tensor:
@@ -86,6 +87,13 @@ class LlamaModel:
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None]  # [T, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
+
+
+def layer_attention(cfg: ModelConfig, weights: dict[str, torch.Tensor], layer: int, device: str) -> LayerAttention:
+    """The layer's sinks  # [heads] float32 and soft cap, as the attention backend takes them."""
+    sinks = weights[f"model.layers.{layer}.self_attn.sinks"] if cfg.attn_sinks else None
+    return LayerAttention(None if sinks is None else sinks.to(device=device, dtype=torch.float32),
+                          cfg.attn_logit_softcap or 0.0)
 
 
 def rope_frequencies(cfg: ModelConfig) -> torch.Tensor:

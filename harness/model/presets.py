@@ -30,6 +30,12 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny-qwen2-swa-alt": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                                       num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True,
                                       sliding_window=10, sliding_layers=(0,)),
+    # gpt-oss-style sink logits per head, and Gemma-2-style attention soft-capping (scores here are a few
+    # units, so a cap of 2 bends most of them: a backend that drops the cap is far off)
+    "tiny-sinks": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                              num_heads=4, num_kv_heads=2, head_dim=16, attn_sinks=True),
+    "tiny-softcap": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                                num_heads=4, num_kv_heads=2, head_dim=16, attn_logit_softcap=2.0),
     # real models' layouts cut to 2 layers and a small vocabulary (Llama-3.2-1B: hidden 2048, 32 query and
     # 8 KV heads of 64; Llama-3.1-8B: hidden 4096, 32 and 8 heads of 128); minutes on CPU, not for CI loops
     "llama-1b-cut": ModelConfig(vocab_size=1024, hidden_size=2048, intermediate_size=8192, num_layers=2,
@@ -57,6 +63,8 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
             t = 1.0 + 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         elif name.endswith(".bias"):
             t = 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
+        elif name.endswith("self_attn.sinks"):   # sink logits near the scores' scale: they take a real share
+            t = 1.0 + torch.randn(weight_shape(cfg, name), generator=gen)
         else:
             shape = _shape(cfg, name)
             t = torch.randn(shape, generator=gen) * (1.0 / shape[1] ** 0.5)
@@ -72,6 +80,8 @@ def weight_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
     """The shape a checkpoint of `cfg` holds under `name` (Hugging Face layout)."""
     if name.endswith("norm.weight") or "layernorm" in name:
         return (cfg.head_dim,) if "_norm" in name and "self_attn" in name else (cfg.hidden_size,)
+    if name.endswith("self_attn.sinks"):
+        return (cfg.num_heads,)
     if name.endswith(".bias"):
         if ".o_proj" in name:
             return (cfg.hidden_size,)
@@ -113,7 +123,6 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"--model {path}: no *.safetensors files")
-    cfg = read_config(path)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     weights: dict[str, torch.Tensor] = {}
@@ -122,6 +131,7 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             weights.update(load_file(str(f)))
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"--model {path}: cannot read {f.name} ({e})") from None
+    cfg = with_sinks_of(read_config(path), list(weights))
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise ModelLoadError(f"--model {path}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
@@ -133,6 +143,23 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     # the file's dtype (an 8B bf16 checkpoint stays 16 GB on the host); float64 files as float32
     return cfg, {n: weights[n].float() if weights[n].dtype == torch.float64 else weights[n]
                  for n in weight_names(cfg)}
+
+
+def with_sinks_of(cfg: ModelConfig, names: list[str]) -> ModelConfig:
+    """gpt-oss keeps its attention sinks as tensors, not as a config key: a checkpoint holding
+    `self_attn.sinks` tensors has them (every layer must then hold one: load_checkpoint checks)."""
+    from dataclasses import replace
+    return replace(cfg, attn_sinks=True) if any(n.endswith("self_attn.sinks") for n in names) else cfg
+
+
+def model_config(model: str) -> ModelConfig:
+    """The config of a preset or a checkpoint directory, weights unread (tensor names only)."""
+    if model in PRESETS:
+        return PRESETS[model]
+    path = Path(model)
+    from safetensors import safe_open
+    return with_sinks_of(read_config(path), [n for f in sorted(path.glob("*.safetensors"))
+                                             for n in safe_open(str(f), "pt").keys()])
 
 
 def write_checkpoint(directory: Path, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Path:

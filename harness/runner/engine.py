@@ -68,7 +68,9 @@ class Engine:
     def __init__(self, settings: RunSettings, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                  backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
                  pipeline: Pipeline = Pipeline()):
-        self.s, self.cfg, self.backend, self.pipeline = settings, cfg, backend, pipeline
+        self.s, self.cfg, self.pipeline = settings, cfg, pipeline
+        self.kernel = backend   # the backend as made; the verify runs through the pipeline's wrapping of it
+        self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
         dev, q_len = settings.device, pipeline.width(settings.budget)
         self.q_len = q_len
         self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)

@@ -39,3 +39,5 @@ class Pipeline:
     # a batched bonus read replaces each acceptance's bonus when set:
     # (predicts [bs*q_len] the batch's argmax, b, q_len, trees, acceptance) -> bonus token
     read_bonus: Optional[Callable] = None
+    # wraps the run's attention backend (a change to the kernel itself): backend -> backend; None: as made
+    attention: Optional[Callable] = None

@@ -34,7 +34,7 @@ REFUSED = {
                                       "max_window_layers": 0},
     "chunked layer type": {**QWEN2, "layer_types": ["full_attention", "chunked_attention"]},
     "sliding layer types without a length": {**QWEN2, "layer_types": ["full_attention", "sliding_attention"]},
-    "attention soft-cap": {**LLAMA, "attn_logit_softcapping": 50.0},
+    "attention soft-cap not a number": {**LLAMA, "attn_logit_softcapping": "50"},
     "final soft-cap": {**LLAMA, "final_logit_softcapping": 30.0},
     "mlp bias": {**LLAMA, "mlp_bias": True},
     "gelu": {**LLAMA, "hidden_act": "gelu"},

@@ -101,12 +101,10 @@ def test_kv_audit_violations_reach_the_explanation():
     assert "KV audit: step 2: request 0: the kernel's kv_indices differ" in text
 
 
-def run(pipeline_edit=None, backend_wrap=None, **kw):
+def run(pipeline_edit=None, **kw):
     p = prepare(RunSettings(**{**BRANCHY, **kw}))
     if pipeline_edit:   # a fresh engine over the same weights, built with the swapped stage
         p = derive(p, pipeline=pipeline_edit(p.engine.pipeline))
-    if backend_wrap:
-        p.engine.backend = backend_wrap(p.engine.backend)
     w = RecordWriter(None)
     summary = check(p, w)
     assert not summary.passed
@@ -180,12 +178,12 @@ class _DoubleScale:
         self.inner, self.name, self.mask_regions = inner, inner.name, inner.mask_regions
         self.graph_capturable = inner.graph_capturable
 
-    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta):
-        return self.inner.forward(q * 2, k, v, layer, k_buffer, v_buffer, meta)
+    def forward(self, q, k, v, layer, k_buffer, v_buffer, meta, *layer_attn):
+        return self.inner.forward(q * 2, k, v, layer, k_buffer, v_buffer, meta, *layer_attn)
 
 
 def test_a_backend_scale_slip_is_the_attention_stage():
-    s = run(backend_wrap=_DoubleScale)
+    s = run(lambda pl: replace(pl, attention=_DoubleScale))   # the pipeline's attention seam wraps the kernel
     assert (s.stage, s.quantity, s.fault_class) == ("attention", "attention_output", "unknown"), s.explanation
 
 
