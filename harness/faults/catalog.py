@@ -306,11 +306,11 @@ CATALOG = (
     Fault("swa-window-by-row-index", "the sliding window measured from prefix + row index instead of prefix + depth: "
           "rows past their depth lose the prefix keys at the window's edge", "a sliding window (--sliding-window N "
           "or a windowed preset), --topk >= 2, --budget >= --block-size (siblings near the window's edge)",
-          "swa-window", _stage(window=_window_by_row_index), all_of(has_window, has_branch),
+          "swa-window-row-index", _stage(window=_window_by_row_index), all_of(has_window, has_branch),
           source="SGLang PR #39287"),
     Fault("swa-window-ignored", "the verify's sliding-window metadata is never filled: sliding layers attend to the "
           "whole prefix", "a sliding window shorter than the prompts (--sliding-window N or a windowed preset)",
-          "swa-window", _stage(window=_window_ignored), has_window, source="SGLang #22679"),
+          "swa-window-ignored", _stage(window=_window_ignored), has_window, source="SGLang #22679"),
 )
 
 for _fault in CATALOG:
