@@ -43,8 +43,9 @@ def short_label(s: RunSettings) -> str:
     """The matrix axes of a setting in one line (tables, progress lines, JUnit names)."""
     fault = f" +{s.fault}" if s.fault else ""
     port = f" [{s.impl.partition(':')[0]}]" if s.impl else ""
+    window = f" swa{s.sliding_window}" if s.sliding_window is not None else ""
     return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
-            f"{s.dtype}{fault}{port}")
+            f"{s.dtype}{window}{fault}{port}")
 
 
 def with_impls(jobs: list[SettingJob], impls: list[str] | None, port_stages: str | None = None) -> list[SettingJob]:

@@ -137,6 +137,7 @@ def sweep(
     backend: Optional[str] = typer.Option(None, help="comma list: torch, sglang-triton (default as in run)"),
     batch: Optional[str] = typer.Option(None, help="comma list (default 1)"),
     dtype: Optional[str] = typer.Option(None, help="comma list (default float32)"),
+    sliding_window: Optional[str] = typer.Option(None, help="comma list of windows, 0 for none (default 0)"),
     case: Optional[Path] = typer.Option(None, help="take model, prompts and matrix from a case file instead"),
     fault: Optional[str] = typer.Option(None, help="switch a fault on wherever it can show"),
     max_new_tokens: int = typer.Option(CASE_OWNED["max_new_tokens"]),
@@ -155,7 +156,7 @@ def sweep(
         check_outputs(out=out, html=html)
         check_jobs(jobs)
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
-                        "batch": batch, "dtype": dtype}
+                        "batch": batch, "dtype": dtype, "sliding_window": sliding_window}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,
                      "accept": accept}
         if case is not None:
@@ -206,7 +207,8 @@ def plan_case(case: Path, matrix_flags: dict, run_flags: dict, device: str, faul
 def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | None) -> list[SettingJob]:
     """The product of the comma-list flags (omitted axes take their defaults)."""
     from harness.cases import AXIS_DEFAULTS, Matrix
-    kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str}
+    kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
+             "sliding_window": int}
     axes = {k: parse_list(_flag(k), v, kinds[k]) for k, v in matrix_flags.items() if v is not None}
     axes.setdefault("backend", (pick_backend(None),))
     base = RunSettings(**run_flags, device=pick_device(device))
