@@ -39,6 +39,13 @@ class ModelConfig:
     `attn_sinks` gives each layer a learned sink logit per query head
     (gpt-oss's `self_attn.sinks`, [num_heads]): one more term exp(sink) in
     the softmax's denominator, with no value.
+
+    `sliding_window` W (Hugging Face's convention, the query itself
+    included): on the layers in `sliding_layers`, a query at position q sees a
+    key at position k only if q - k < W (and causality holds); None with no
+    sliding layers is full attention everywhere. Mistral windows every layer,
+    Qwen2/Qwen3 the layers from `max_window_layers` on, Gemma-style configs
+    list `layer_types`; each side reads those keys on its own.
     """
 
     vocab_size: int
@@ -58,6 +65,8 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     attn_logit_softcap: float | None = None
     attn_sinks: bool = False
+    sliding_window: int | None = None
+    sliding_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -70,6 +79,18 @@ class ModelConfig:
             raise ValueError("head_dim must be even for RoPE")
         if self.attn_logit_softcap is not None and not 0 < self.attn_logit_softcap < float("inf"):
             raise ValueError(f"attn_logit_softcap must be a positive number, got {self.attn_logit_softcap}")
+        if (self.sliding_window is None) != (not self.sliding_layers):
+            raise ValueError("sliding_window and sliding_layers are set together (a window needs its layers)")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
+                                                or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ValueError(f"sliding_window must be a positive integer, got {self.sliding_window!r}")
+        layers = self.sliding_layers
+        if tuple(sorted(set(layers))) != tuple(layers) or any(not 0 <= i < self.num_layers for i in layers):
+            raise ValueError(f"sliding_layers must be distinct layer indices in [0, {self.num_layers}) in order")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for a full-attention layer."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
 
 def weight_names(cfg: ModelConfig) -> list[str]:

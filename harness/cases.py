@@ -27,6 +27,7 @@ was expected, in one line.
     batch = [2]
     dtype = ["float32"]
     page_size = [1, 16]                # KV page size (harness/mem/paged.py)
+    sliding_window = [0, 8]            # 0: no window; N: a window of N keys (the model's sliding layers, else all)
     fault = "padded-kv-visible"        # optional: switch a fault on (the gate must then fail)
     acceptance = { mean_accepted_length = 3.4, band = 0.3 }   # optional: the gate fails a setting of
                                        # this table whose mean accepted length is below 3.4 - 0.3
@@ -53,11 +54,12 @@ from pathlib import Path
 from harness.compare.acceptance_stats import AcceptanceBaseline
 from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
 
-AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "page_size")
+AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "page_size")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
-                 "batch": (1,), "dtype": ("float32",), "page_size": (1,)}
+                 "batch": (1,), "dtype": ("float32",), "sliding_window": (0,), "page_size": (1,)}
 _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
-               "page_size": int}
+               "sliding_window": int, "page_size": int}
+ZERO_IS_OFF = ("sliding_window",)   # axes whose 0 means "none" (RunSettings holds None)
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
              "faults", "tolerances", "impl", "port_stages", "strict"}
 CASES_DIR = Path("cases")
@@ -81,7 +83,8 @@ class Matrix:
 
     def settings(self, base: RunSettings) -> list[RunSettings]:
         values = [self.axes[a] for a in AXES]
-        return [replace(base, fault=self.fault, accept=self.accept, **dict(zip(AXES, combo)))
+        return [replace(base, fault=self.fault, accept=self.accept,
+                        **{a: None if a in ZERO_IS_OFF and v == 0 else v for a, v in zip(AXES, combo)})
                 for combo in itertools.product(*values)]
 
 
@@ -161,7 +164,8 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
     values = raw if isinstance(raw, list) else [raw]
     kind = _AXIS_TYPES[axis]
     name = {int: "positive integers", bool: "booleans", str: "strings"}[kind]
-    good = values and all(isinstance(v, kind) and (kind is not int or (not isinstance(v, bool) and v >= 1))
+    least = 0 if axis in ZERO_IS_OFF else 1
+    good = values and all(isinstance(v, kind) and (kind is not int or (not isinstance(v, bool) and v >= least))
                           for v in values)
     if not good:
         raise _fail(path, f"{where}{axis}", f"a {name[:-1]} or a non-empty list of {name}", raw)

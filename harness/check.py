@@ -28,7 +28,8 @@ from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
 from harness.runner.prompt_sources import prompts_of
 from harness.step_clock import StepClock, machine_cores, oracle_threads
-from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
+from harness.runner.settings import (DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens,
+                                     prompts_for_batch, window_refusals)
 
 
 @dataclass(frozen=True)
@@ -157,12 +158,16 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
     the given ones, else the settings' (harness/runner/prompt_sources.py)."""
     if prompts is None:
         prompts = prompts_of(s)
-    with checkpoint_dir(s.model, s.seed) as directory:  # a preset is written out: both sides read files
+    with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
         cfg, weights = load_checkpoint(directory)
         check_finite_weights(weights, s.model)
         oracle_device = choose_oracle_device(s, weights)
         oracle = load_oracle_from(directory, s.model, oracle_device)
     load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+    if cfg.sliding_window is not None:
+        for ok, msg in window_refusals(s):
+            if not ok:
+                raise UsageError(f"--model {s.model} has sliding-window layers: {msg}")
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
         from harness.attn.sglang_triton import float32_dots
         float32_dots(s.tf32)
@@ -202,8 +207,9 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
     settings holds one copy of an 8B model's weights and one oracle. The
     settings must keep p's model, seed, dtype and device."""
     s = s or p.settings
-    if (s.model, s.seed, s.dtype, s.device) != (p.settings.model, p.settings.seed, p.settings.dtype, p.settings.device):
-        raise ValueError("derive keeps the model, seed, dtype and device of the run it derives from")
+    if (s.model, s.seed, s.dtype, s.device, s.sliding_window) != (p.settings.model, p.settings.seed, p.settings.dtype,
+                                                                   p.settings.device, p.settings.sliding_window):
+        raise ValueError("derive keeps the model, seed, dtype, device and window of the run it derives from")
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else (
         tuple(p.prompts) if s == p.settings else prompts_of(s)))
     cfg = p.engine.cfg

@@ -102,7 +102,9 @@ def truncated_layers(model: str, seed: int, n: int, into: Path) -> Path:
     keep = {k: w for k, w in weights.items()
             if not (m := re.search(r"layers\.(\d+)\.", k)) or int(m.group(1)) < n}
     into.mkdir(parents=True, exist_ok=True)
-    return write_checkpoint(into, replace(cfg, num_layers=n), keep)
+    sliding = tuple(i for i in cfg.sliding_layers if i < n)   # the cut keeps its layers' windows
+    return write_checkpoint(into, replace(cfg, num_layers=n, sliding_layers=sliding,
+                                          sliding_window=cfg.sliding_window if sliding else None), keep)
 
 
 class Reducer:

@@ -31,6 +31,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": (False, False, True, 2048),
     "Qwen2ForCausalLM": (True, False, False, 32768),
     "Qwen3ForCausalLM": (False, True, True, 32768),
+    "MistralForCausalLM": (False, False, False, 32768),
 }
 
 SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
@@ -106,9 +107,42 @@ def refuse_unsupported_math(hf: dict, arch: str) -> None:
         raise CheckpointRefused("mlp_bias is not supported")
     if hf.get("final_logit_softcapping") is not None:
         raise CheckpointRefused("final_logit_softcapping (soft-capping of the output logits) is not supported")
-    sliding = hf.get("use_sliding_window") if arch != "LlamaForCausalLM" else hf.get("sliding_window")
-    if sliding or "sliding_attention" in (hf.get("layer_types") or []):
-        raise CheckpointRefused("sliding-window attention is not supported")
+    types = hf.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list):
+            raise CheckpointRefused("layer_types must be a list")
+        for kind in types:
+            if kind not in ("full_attention", "sliding_attention"):
+                raise CheckpointRefused(f"layer type {kind!r} is not supported (full_attention and "
+                                        "sliding_attention are)")
+    if arch == "LlamaForCausalLM" and (hf.get("sliding_window") is not None or "sliding_attention" in (types or [])):
+        raise CheckpointRefused("a sliding window on LlamaForCausalLM is not supported (Hugging Face's Llama "
+                                "has none; Mistral, Qwen2 and Qwen3 do)")
+
+
+def sliding_window_of(hf: dict, arch: str, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """(window, sliding layer indices) as transformers lays the layers out:
+    `layer_types` when given, else every layer for Mistral, else layers
+    max_window_layers.. for Qwen2/Qwen3 under use_sliding_window."""
+    sliding: list[int] = []
+    if hf.get("layer_types") is not None:
+        if len(hf["layer_types"]) != num_layers:
+            raise CheckpointRefused(f"layer_types has {len(hf['layer_types'])} entries for {num_layers} layers")
+        sliding = [i for i in range(num_layers) if hf["layer_types"][i] == "sliding_attention"]
+    elif arch == "MistralForCausalLM":
+        if hf.get("sliding_window") is not None:
+            sliding = list(range(num_layers))
+    elif arch != "LlamaForCausalLM" and hf.get("use_sliding_window", False):
+        start = hf.get("max_window_layers", 28)   # transformers' default for Qwen2 and Qwen3
+        if type(start) is not int or start < 0:
+            raise CheckpointRefused(f"max_window_layers {start!r} is not a layer count")
+        sliding = list(range(start, num_layers))
+    if len(sliding) == 0:
+        return None, ()
+    window = hf.get("sliding_window")
+    if type(window) is not int or window <= 0:
+        raise CheckpointRefused(f"sliding_window {window!r} is not a positive window length")
+    return window, tuple(sliding)
 
 
 def read_config(hf: dict) -> ModelConfig:
@@ -127,6 +161,7 @@ def read_config(hf: dict) -> ModelConfig:
         raise CheckpointRefused(f"attn_logit_softcapping must be a positive number, got {cap!r}")
     try:
         heads = int(hf["num_attention_heads"])
+        window, sliding = sliding_window_of(hf, arch, int(hf["num_hidden_layers"]))
         return ModelConfig(
             vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
             intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
@@ -136,7 +171,7 @@ def read_config(hf: dict) -> ModelConfig:
             qk_norm=qk_norm, tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             max_position=int(hf.get("max_position_embeddings") or default_max),
             o_bias=attention_bias, rope_scaling=scaling,
-            attn_logit_softcap=None if cap is None else float(cap))
+            attn_logit_softcap=None if cap is None else float(cap), sliding_window=window, sliding_layers=sliding)
     except KeyError as e:
         raise CheckpointRefused(f"config.json lacks {e}") from None
     except (TypeError, ValueError) as e:

@@ -13,6 +13,10 @@ Conventions (all Hugging Face's):
   * Qwen2 (`qkv_bias`): bias on q, k, v projections; `o_bias`: on o_proj too
   * rope_scaling llama3: see reference/rope.py
   * Qwen3 (`qk_norm`): per-head RMSNorm over head_dim on q and k, before RoPE
+  * sliding window W on the config's sliding layers: a query at absolute
+    position q sees a key at absolute position k only if q - k < W, on top of
+    whatever else hides the key (Hugging Face's convention: W keys, itself
+    included)
   * Gemma 2's attn_logit_softcapping c: scores c * tanh(s / c), before the mask
   * gpt-oss's sinks: a per-head logit in the softmax's denominator, no value
 """
@@ -74,6 +78,11 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def causal_mask(t: int) -> Tensor:
     """[T, T] bool, True where query row i may see key column j (j <= i)."""
     return torch.ones(t, t, dtype=torch.bool).tril()
+
+
+def window_visibility(query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
+    """[T, S] bool: True where query_pos[t] - key_pos[s] < window (ints [T], [S])."""
+    return (query_pos[:, None] - key_pos[None, :]) < window
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | None = None,
@@ -190,6 +199,10 @@ class DenseLlama:
         if not mask.any(dim=-1).all():
             raise ValueError("every row of visible must see at least one key")
         mask = torch.cat([torch.ones(t, p, dtype=torch.bool), mask], dim=1).to(self.device)  # [T, P+T]
+        key_pos = torch.cat([torch.arange(p), pos])  # [P+T] absolute positions: the past sits at 0..P-1
+        windowed = None
+        if c.sliding_window is not None:
+            windowed = mask & window_visibility(pos, key_pos, c.sliding_window).to(self.device)  # [T, P+T]
         cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)  # [T, d] each
         cos, sin = cos.to(self.device), sin.to(self.device)
 
@@ -199,7 +212,7 @@ class DenseLlama:
             pre = f"model.layers.{layer}."
             attn_out, k, v = self._attention_block(
                 layer, rms_norm(h, self.w[pre + "input_layernorm.weight"], c.rms_norm_eps),
-                cos, sin, mask, None if past is None else (past[0][layer], past[1][layer]))
+                cos, sin, mask if c.window_of(layer) is None else windowed, None if past is None else (past[0][layer], past[1][layer]))
             h = h + attn_out
             h = h + self._mlp(layer, rms_norm(h, self.w[pre + "post_attention_layernorm.weight"],
                                               c.rms_norm_eps))

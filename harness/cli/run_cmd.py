@@ -65,6 +65,9 @@ def run(
                                              "run (`ddcheck calibrate` measures one)"),
     tf32: bool = typer.Option(False, help="float32 on CUDA: let Triton's dots run in TF32 (default: IEEE float32, "
                               "judged at the float32 tolerance; with --tf32 at the labelled tf32 one)"),
+    sliding_window: Optional[int] = typer.Option(None, help="a sliding window of N keys (the query's own included) on "
+                                                 "the model's sliding layers, else on every layer; both sides read "
+                                                 "it from the checkpoint's config.json"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
     page_size: int = typer.Option(1, help="KV page size: 1, or a power of two up to 64 (branch regions of whole "
@@ -81,7 +84,8 @@ def run(
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
-                        noise_rule=parse_noise_rule(noise_rule), page_size=page_size)
+                        noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
+                        page_size=page_size)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

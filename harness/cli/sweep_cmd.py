@@ -138,6 +138,7 @@ def sweep(
     batch: Optional[str] = typer.Option(None, help="comma list (default 1)"),
     dtype: Optional[str] = typer.Option(None, help="comma list (default float32)"),
     page_size: Optional[str] = typer.Option(None, help="comma list of KV page sizes, e.g. 1,16,64 (default 1)"),
+    sliding_window: Optional[str] = typer.Option(None, help="comma list of windows, 0 for none (default 0)"),
     case: Optional[Path] = typer.Option(None, help="take model, prompts and matrix from a case file instead"),
     fault: Optional[str] = typer.Option(None, help="switch a fault on wherever it can show"),
     max_new_tokens: int = typer.Option(CASE_OWNED["max_new_tokens"]),
@@ -156,7 +157,7 @@ def sweep(
         check_outputs(out=out, html=html)
         check_jobs(jobs)
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
-                        "batch": batch, "dtype": dtype, "page_size": page_size}
+                        "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,
                      "accept": accept}
         if case is not None:
@@ -208,7 +209,7 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     """The product of the comma-list flags (omitted axes take their defaults)."""
     from harness.cases import AXIS_DEFAULTS, Matrix
     kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
-             "page_size": int}
+             "sliding_window": int, "page_size": int}
     axes = {k: parse_list(_flag(k), v, kinds[k]) for k, v in matrix_flags.items() if v is not None}
     axes.setdefault("backend", (pick_backend(None),))
     base = RunSettings(**run_flags, device=pick_device(device))

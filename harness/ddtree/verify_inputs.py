@@ -26,10 +26,21 @@ class AttnMetadata:
     # count): prefix keys at index >= max_kv_len are never visited; None: each request's whole prefix.
     # SGLang's Triton extend kernel takes none (it walks kv_indptr); the torch backend honours it
     max_kv_len: int | None = None
+    # sliding-window layers (harness/ddtree/window.py): custom_mask's blocks with the window folded in by each
+    # row's position, prefix columns included; None: no window was built (the layers then read custom_mask)
+    window_mask: torch.Tensor | None = None        # flat bool, laid out by window_mask_indptr
+    window_mask_indptr: torch.Tensor | None = None  # [bs+1]
+    # the mask's prefix columns carry visibility the backend must read (SGLang: skip_prefix_custom_mask=False)
+    prefix_mask: bool = False
 
     @property
     def batch_size(self) -> int:
         return self.qo_indptr.numel() - 1
+
+    def windowed(self) -> "AttnMetadata":
+        """What a sliding-window layer reads: the window mask in custom_mask's place, prefix columns on."""
+        return replace(self, custom_mask=self.window_mask, mask_indptr=self.window_mask_indptr, window_mask=None,
+                       window_mask_indptr=None, prefix_mask=True)
 
     def to(self, device: str) -> "AttnMetadata":
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, num_nodes,
+from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, has_window, num_nodes,
                                      reads_max_kv_len, reads_prefix_mask, register, two_steps)
 from harness.attn.base import PLAIN
 from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
@@ -16,6 +16,7 @@ from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
 from harness.ddtree.commit_paged import commit_paged, compaction_plan
 from harness.ddtree.verify_slots import place_batch
+from harness.ddtree.window import with_window
 
 
 def _graph(**switches):
@@ -128,6 +129,21 @@ def _padding_slots_alias(vb: VerifyBatch, trees: list[DraftTree]) -> None:
     for b, t in enumerate(trees):
         for j in range(t.num_rows, n):
             loc[b * n + j] = loc[b * n + 1 + (j - t.num_rows) % (t.num_rows - 1)]
+
+
+# -- window stage ----------------------------------------------------------------------
+
+def _window_by_row_index(vb: VerifyBatch, window: int) -> VerifyBatch:
+    """The window measured from prefix + row index (the flattened query index, as SGLang's kernel applies its own
+    sliding_window_size) instead of each row's position prefix + depth: siblings lose keys at the window's edge."""
+    attn = with_window(vb.attn, vb.positions, window,
+                       row_positions=lambda b, prefix, rows: prefix + torch.arange(rows.numel()))
+    return replace(vb, attn=attn)
+
+
+def _window_ignored(vb: VerifyBatch, window: int) -> VerifyBatch:
+    """No window mask is built for the verify: the sliding layers read the full tree mask."""
+    return vb
 
 
 # -- accept and commit stages -------------------------------------------------------
@@ -317,6 +333,14 @@ CATALOG = (
           "--block-size (branches), --max-new-tokens > --block-size + 1", "branch-shared-tail",
           _stage(place_rows=partial(place_batch, share_tail=True)), all_of(NEED_PAGED, has_branch, two_steps),
           source="SGLang PR #26972"),
+    Fault("swa-window-by-row-index", "the sliding window measured from prefix + row index instead of prefix + depth: "
+          "rows past their depth lose the prefix keys at the window's edge", "a sliding window (--sliding-window N "
+          "or a windowed preset), --topk >= 2, --budget >= --block-size (siblings near the window's edge)",
+          "swa-window-row-index", _stage(window=_window_by_row_index), all_of(has_window, has_branch),
+          source="SGLang PR #39287"),
+    Fault("swa-window-ignored", "the verify's sliding-window metadata is never filled: sliding layers attend to the "
+          "whole prefix", "a sliding window shorter than the prompts (--sliding-window N or a windowed preset)",
+          "swa-window-ignored", _stage(window=_window_ignored), has_window, source="SGLang #22679"),
 )
 
 for _fault in CATALOG:

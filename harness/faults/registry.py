@@ -92,6 +92,19 @@ def reads_max_kv_len(s: RunSettings, vocab: int) -> bool:
         return False
 
 
+def run_window(s: RunSettings) -> int | None:
+    """The run's sliding window: --sliding-window, else a preset's own (None: a checkpoint's is not known here)."""
+    if s.sliding_window is not None:
+        return s.sliding_window
+    from harness.model.presets import PRESETS
+    return PRESETS[s.model].sliding_window if s.model in PRESETS else None
+
+
+def has_window(s: RunSettings, vocab: int) -> bool:
+    """The model has sliding-window layers (--sliding-window, or a preset with a window)."""
+    return run_window(s) is not None
+
+
 def all_of(*conds: Callable[[RunSettings, int], bool]) -> Callable[[RunSettings, int], bool]:
     return lambda s, vocab: all(c(s, vocab) for c in conds)
 

@@ -38,15 +38,17 @@ SHOW_SETTINGS: dict[str, dict] = {
     "accept-topology-mismatch": {"topk": 2},
     "paged-compaction-permutation": {"page_size": 16},
     "paged-branch-shared-tail": {"page_size": 16, "topk": 2},
+    "swa-window-by-row-index": {"sliding_window": 8, "topk": 2},
+    "swa-window-ignored": {"sliding_window": 8},
     "sinks-first-row-only": {"model": "tiny-sinks"},
 }
 
 # The fault-free matrix, run once per seed.
 CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
                 {"eos_id": "auto", "batch": 2}, {"model": "tiny-sinks", "topk": 2}, {"model": "tiny-softcap"},
-                {"page_size": 16, "topk": 2, "batch": 2})
+                {"sliding_window": 8, "topk": 2, "batch": 2}, {"page_size": 16, "topk": 2, "batch": 2})
 CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3}, {"model": "tiny-sinks", "topk": 2},
-               {"page_size": 16, "topk": 2, "batch": 2})
+               {"sliding_window": 8, "topk": 2}, {"page_size": 16, "topk": 2, "batch": 2})
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def stop_token(s: RunSettings) -> int:
     from harness.model.presets import load_model
     from harness.runner.dense import dense_greedy
     from harness.runner.settings import prompt_tokens, prompts_for_batch
-    cfg, weights = load_model(s.model, s.seed)
+    cfg, weights = load_model(s.model, s.seed, s.sliding_window)
     prompt = prompt_tokens(prompts_for_batch(1)[0], 0, cfg.vocab_size, s.seed)
     stream = dense_greedy(LlamaModel(cfg, weights, s.torch_dtype, "cpu"), prompt, s.block_size)
     return next((t for i, t in enumerate(stream) if i >= 2 and t not in stream[:i]), stream[-1])

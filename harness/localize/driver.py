@@ -14,6 +14,7 @@ from harness.localize.kv_audit import KVAudit, audit_cache, audit_invariants
 from harness.localize.layer_bisect import bisect, capture_hidden
 from harness.localize.mask_probe import diff_request, dummy_request, probe_visibility
 from harness.localize.metadata_audit import audit_round
+from harness.localize.window_audit import audit_window
 from harness.localize.wrong import Wrong
 
 
@@ -57,6 +58,7 @@ def localize(p, first) -> Localization:
             ev.wrongs.append(_kv_cache_wrong(kv, result))
         ev.canary += list(result.provenance)
         ev.wrongs += audit_round(engine, result, oracle)
+        ev.wrongs += audit_window(engine, result)
         if replay is not None:
             ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)
         ev.accept = _first_named(ev.accept, audit_batch_bonus(result))

@@ -28,11 +28,13 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "wrong-position", "slot-alias", "wrong-bonus", "free-slot-read", "position-offset",
                    "stale-graph-positions", "mask-of-other-request", "bonus-cross-request", "token-shadowed",
                    "commit-past-stop", "padded-entry-live", "stale-graph-scalar",
-                   "accept-topology-mismatch", "sinks-first-row-only")
+                   "accept-topology-mismatch", "sinks-first-row-only", "swa-window-row-index",
+                   "swa-window-ignored")
 # paged KV (page size > 1): named from the per-token commit audit and the rows' slots (localize/paged_audit.py)
 CATALOG_CLASSES += ("kv-compaction-permuted", "branch-shared-tail")
 # what was measured, when no catalog fault leaves that measurement
-MEASURED_CLASSES = ("mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
+MEASURED_CLASSES = ("window-mask",   # the sliding layers' mask breaks the window rule, no single pattern
+                    "mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "sinks-dropped", "softcap-dropped", "unknown")
 CLASSES = CATALOG_CLASSES + MEASURED_CLASSES
 
@@ -97,6 +99,10 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("build_mask", "custom_mask", "padding-empty"): "fully-masked-row",
          ("build_mask", "custom_mask", "row-stride"): "mask-shift",
          ("build_mask", "mask_indptr", "rectangle"): "batch-mask-layout",
+         # the window audit: the sliding layers' mask against the window rule by position (window_audit)
+         ("build_mask", "window_mask", "row-index"): "swa-window-row-index",
+         ("build_mask", "window_mask", "ignored"): "swa-window-ignored",
+         ("build_mask", "window_mask", ""): "window-mask",
          ("build_verify_batch", "positions", "row-index"): "wrong-position",
          ("build_verify_batch", "out_cache_loc", "padding-alias"): "slot-alias",
          ("commit", "req_to_token", "contiguous"): "kv-not-compacted",

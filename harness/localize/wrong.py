@@ -15,7 +15,7 @@ STAGE_WORDS = {"build_tree": "tree build", "build_mask": "mask", "build_verify_b
                "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit"}
 # within a stage, the order quantities are reported in
 QUANTITIES = ("tree", "input_ids", "positions", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
-              "custom_mask", "out_cache_loc", "visibility", "sinks", "logit_cap", "attention_output", "hidden", "kv_cache",
+              "custom_mask", "window_mask", "out_cache_loc", "visibility", "sinks", "logit_cap", "attention_output", "hidden", "kv_cache",
               "accepted_rows", "bonus", "req_to_token", "free_slots")
 
 

@@ -13,7 +13,10 @@ class ModelLoadError(ValueError):
 # architecture -> flags it implies, whether it reads `attention_bias`, HF's max_position_embeddings default
 SUPPORTED_ARCHS = {"LlamaForCausalLM": ({}, True, 2048),
                    "Qwen2ForCausalLM": ({"qkv_bias": True}, False, 32768),
-                   "Qwen3ForCausalLM": ({"qk_norm": True}, True, 32768)}
+                   "Qwen3ForCausalLM": ({"qk_norm": True}, True, 32768),
+                   "MistralForCausalLM": ({}, False, 32768)}
+LAYER_TYPES = ("full_attention", "sliding_attention")
+QWEN2_MAX_WINDOW_LAYERS = 28   # transformers' Qwen2Config / Qwen3Config default
 
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -27,9 +30,13 @@ def _refusals(hf: dict, arch: str) -> list[str]:
         found.append("mlp_bias")
     if hf.get("final_logit_softcapping") is not None:
         found.append("final_logit_softcapping (soft-capping of the output logits)")
-    windowed = hf.get("sliding_window") is not None if arch == "LlamaForCausalLM" else hf.get("use_sliding_window")
-    if windowed or "sliding_attention" in (hf.get("layer_types") or ()):
-        found.append("sliding-window attention")
+    if arch == "LlamaForCausalLM" and (hf.get("sliding_window") is not None
+                                       or "sliding_attention" in (hf.get("layer_types") or ())):
+        found.append("sliding_window on LlamaForCausalLM (its Hugging Face model has no window; "
+                     "MistralForCausalLM, Qwen2 and Qwen3 have)")
+    kinds = hf.get("layer_types")
+    if kinds is not None and (not isinstance(kinds, list) or any(k not in LAYER_TYPES for k in kinds)):
+        found.append(f"layer_types {kinds!r} (only {' and '.join(LAYER_TYPES)})")
     rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
     partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if partial != 1.0:
@@ -50,6 +57,33 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
         raise ModelLoadError(f"llama3 rope scaling lacks {', '.join(absent)}")
     return theta, RopeScaling("llama3", float(rope["factor"]), float(rope["low_freq_factor"]),
                               float(rope["high_freq_factor"]), int(rope["original_max_position_embeddings"]))
+
+
+def _window(hf: dict, arch: str, num_layers: int) -> tuple[int | None, tuple[int, ...]]:
+    """(sliding_window, the layers it applies to): an explicit `layer_types`
+    list decides the layers; else Mistral windows every layer and Qwen2/Qwen3
+    (with use_sliding_window) the layers from max_window_layers on."""
+    kinds = hf.get("layer_types")
+    if kinds is not None:
+        if len(kinds) != num_layers:
+            raise ModelLoadError(f"config.json: layer_types lists {len(kinds)} layers, num_hidden_layers is {num_layers}")
+        layers = tuple(i for i, k in enumerate(kinds) if k == "sliding_attention")
+    elif arch == "MistralForCausalLM":
+        layers = tuple(range(num_layers)) if hf.get("sliding_window") is not None else ()
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
+        first = hf.get("max_window_layers", QWEN2_MAX_WINDOW_LAYERS)
+        if not isinstance(first, int) or isinstance(first, bool) or first < 0:
+            raise ModelLoadError(f"config.json: max_window_layers must be an integer >= 0, got {first!r}")
+        layers = tuple(range(first, num_layers))
+    else:
+        layers = ()
+    if not layers:
+        return None, ()
+    w = hf.get("sliding_window")
+    if not isinstance(w, int) or isinstance(w, bool) or w < 1:
+        raise ModelLoadError(f"config.json: sliding layers with sliding_window {w!r} (not a positive integer) "
+                             "are not supported")
+    return w, layers
 
 
 SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -97,6 +131,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         raise ModelLoadError(f"config.json: attn_logit_softcapping must be a positive number, got {cap!r}")
     heads = hf["num_attention_heads"]
     theta, scaling = _rope(hf)
+    window, sliding = _window(hf, arch, hf["num_hidden_layers"])
     fields = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
@@ -105,7 +140,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         max_position=hf.get("max_position_embeddings") or max_default, rope_scaling=scaling,
-        attn_logit_softcap=None if cap is None else float(cap), **flags)
+        attn_logit_softcap=None if cap is None else float(cap), sliding_window=window,
+        sliding_layers=sliding, **flags)
     try:
         return ModelConfig(**fields)
     except (TypeError, ValueError) as e:
@@ -119,8 +155,12 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         arch = "Qwen3ForCausalLM"
     elif cfg.qkv_bias and not cfg.o_bias:
         arch = "Qwen2ForCausalLM"
+    elif cfg.sliding_window is not None:
+        arch = "MistralForCausalLM"
     else:
         arch = "LlamaForCausalLM"
+    if arch == "MistralForCausalLM" and cfg.o_bias:
+        raise ModelLoadError("MistralForCausalLM (a Llama-layout model with a window) has no attention bias")
     if cfg.o_bias != (cfg.qkv_bias and arch != "Qwen2ForCausalLM") or (cfg.qk_norm and cfg.qkv_bias != cfg.o_bias):
         raise ModelLoadError("no Hugging Face architecture has this combination of attention biases")
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
@@ -128,10 +168,16 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         r = cfg.rope_scaling
         rope.update(rope_type=r.rope_type, factor=r.factor, low_freq_factor=r.low_freq_factor,
                     high_freq_factor=r.high_freq_factor, original_max_position_embeddings=r.original_max_position)
-    return {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+    out = {"architectures": [arch], "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
             "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
             "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps, "hidden_act": "silu",
             "tie_word_embeddings": cfg.tie_word_embeddings, "max_position_embeddings": cfg.max_position,
             "attention_bias": cfg.o_bias, "rope_parameters": rope,
             **({} if cfg.attn_logit_softcap is None else {"attn_logit_softcapping": cfg.attn_logit_softcap})}
+    if cfg.sliding_window is not None:
+        out.update(sliding_window=cfg.sliding_window, layer_types=[
+            "sliding_attention" if i in cfg.sliding_layers else "full_attention" for i in range(cfg.num_layers)])
+        if arch != "MistralForCausalLM":   # Qwen2/Qwen3 read the window only with use_sliding_window
+            out.update(use_sliding_window=True, max_window_layers=cfg.sliding_layers[0])
+    return out

@@ -31,12 +31,14 @@ class LlamaModel:
         cfg, w = self.cfg, self.w
         h = w["model.embed_tokens.weight"][input_ids]  # [T, hidden]
         cos, sin = self._rope(positions)
+        windowed = self._window_meta(meta, positions)
         if hidden_out is not None:
             hidden_out.append(h.float().clone())
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             x = _rms_norm(h, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
-            h = h + self._attention(i, p, x, cos, sin, meta, pool, backend)
+            layer_meta = meta if cfg.window_of(i) is None else windowed
+            h = h + self._attention(i, p, x, cos, sin, layer_meta, pool, backend)
             x = _rms_norm(h, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
             h = h + self._mlp(p, x)
             if hidden_out is not None:
@@ -44,6 +46,19 @@ class LlamaModel:
         h = _rms_norm(h, w["model.norm.weight"], cfg.rms_norm_eps)
         head = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
         return (h @ head.T).float()
+
+    def _window_meta(self, meta: AttnMetadata, positions: torch.Tensor) -> AttnMetadata:
+        """What the sliding-window layers read: the metadata's window mask; for a
+        causal extend (prefill: no custom mask) the model folds the window itself.
+        A verify batch built without a window mask leaves the window off (its
+        layers read custom_mask), as a server that never filled the window does."""
+        w = self.cfg.sliding_window
+        if w is None:
+            return meta
+        if meta.window_mask is None and meta.custom_mask is None:
+            from harness.ddtree.window import with_window
+            meta = with_window(meta, positions, w)
+        return meta.windowed() if meta.window_mask is not None else meta
 
     def _attention(self, i, p, x, cos, sin, meta, pool, backend) -> torch.Tensor:
         cfg, w = self.cfg, self.w

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import tempfile
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -22,6 +23,13 @@ PRESETS: dict[str, ModelConfig] = {
                               num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True),
     "tiny-qwen2": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                               num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True),
+    # sliding windows short enough that the prompts plus a verify round cross them (prompts of 5 to 23 tokens,
+    # depth up to 7): Mistral-style on every layer, and Qwen2 with a Gemma-style alternating layer_types list
+    "tiny-swa": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=16, sliding_window=8, sliding_layers=(0, 1)),
+    "tiny-qwen2-swa-alt": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                                      num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True,
+                                      sliding_window=10, sliding_layers=(0,)),
     # gpt-oss-style sink logits per head, and Gemma-2-style attention soft-capping (scores here are a few
     # units, so a cap of 2 bends most of them: a backend that drops the cap is far off)
     "tiny-sinks": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -35,6 +43,14 @@ PRESETS: dict[str, ModelConfig] = {
     "llama-8b-cut": ModelConfig(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_layers=2,
                                 num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0),
 }
+
+
+def with_window(cfg: ModelConfig, window: int | None) -> ModelConfig:
+    """cfg with sliding window `window` (--sliding-window): on its own sliding
+    layers if it has any, else on every layer; None leaves cfg as it is."""
+    if window is None:
+        return cfg
+    return replace(cfg, sliding_window=window, sliding_layers=cfg.sliding_layers or tuple(range(cfg.num_layers)))
 
 
 def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -156,24 +172,48 @@ def write_checkpoint(directory: Path, cfg: ModelConfig, weights: dict[str, torch
 
 
 @contextmanager
-def checkpoint_dir(model: str, seed: int) -> Iterator[Path]:
+def checkpoint_dir(model: str, seed: int, sliding_window: int | None = None) -> Iterator[Path]:
     """The checkpoint directory both sides load a run's model from: the
     directory itself, or a preset's seeded weights written to a temporary
     directory for the length of the block (so the oracle reads a preset from
-    disk on its own, exactly like a real checkpoint)."""
+    disk on its own, exactly like a real checkpoint). `sliding_window`
+    (--sliding-window) is written into the config.json both sides read: a
+    checkpoint directory is then a temporary one whose config.json carries it,
+    its other files linked."""
     if model in PRESETS:
         with tempfile.TemporaryDirectory(prefix="ddcheck-preset-") as d:
-            yield write_checkpoint(Path(d), PRESETS[model], random_weights(PRESETS[model], seed))
+            cfg = with_window(PRESETS[model], sliding_window)
+            yield write_checkpoint(Path(d), cfg, random_weights(PRESETS[model], seed))
+    elif ("/" in model or Path(model).exists()) and sliding_window is not None:
+        with tempfile.TemporaryDirectory(prefix="ddcheck-window-") as d:
+            yield _windowed_copy(Path(model), Path(d), sliding_window)
     elif "/" in model or Path(model).exists():
         yield Path(model)
     else:
         raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} (or a checkpoint directory)")
 
 
-def load_model(model: str, seed: int) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """A preset name or a checkpoint directory."""
+def _windowed_copy(src: Path, dst: Path, window: int) -> Path:
+    """dst: src's files linked, its config.json rewritten with sliding window `window`."""
+    cfg = read_config(src)
+    hf = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(hf, dict):
+        raise ModelLoadError(f"--model {src}: config.json is not an object")
+    windowed = config_to_hf(with_window(cfg, window))   # raises for a combination no architecture has
+    hf.update({k: windowed[k] for k in ("architectures", "sliding_window", "layer_types", "use_sliding_window",
+                                        "max_window_layers") if k in windowed})
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (dst / f.name).symlink_to(f.resolve())
+    (dst / "config.json").write_text(json.dumps(hf, indent=1))
+    return dst
+
+
+def load_model(model: str, seed: int, sliding_window: int | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A preset name or a checkpoint directory (with --sliding-window applied)."""
     if model in PRESETS:
-        return PRESETS[model], random_weights(PRESETS[model], seed)
+        return with_window(PRESETS[model], sliding_window), random_weights(PRESETS[model], seed)
     if "/" in model or Path(model).exists():
-        return load_checkpoint(Path(model))
+        cfg, weights = load_checkpoint(Path(model))
+        return with_window(cfg, sliding_window), weights
     raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} (or a checkpoint directory)")

@@ -166,6 +166,8 @@ class Engine:
             loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, loc, p.build_mask)
+        if self.cfg.sliding_window is not None:
+            vb = p.window(vb, self.cfg.sliding_window)
         vb = vb.to(s.device)
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         findings = self._canary(step, active, vb)

@@ -13,6 +13,7 @@ from harness.ddtree.mask import flat_custom_mask
 from harness.ddtree.tree import build_tree
 from harness.ddtree.verify_inputs import build_verify_batch
 from harness.ddtree.verify_slots import place_batch
+from harness.ddtree.window import fold_window
 
 
 def verify_width(budget: int) -> int:
@@ -25,6 +26,7 @@ class Pipeline:
     build_tree: Callable = build_tree               # (root, draft_logprobs, budget, topk) -> DraftTree
     build_mask: Callable = flat_custom_mask         # (trees, prefix_lens) -> (custom_mask, mask_indptr)
     build_verify_batch: Callable = build_verify_batch
+    window: Callable = fold_window                  # (verify batch, sliding window) -> the batch with its window mask
     accept: Callable = greedy_walk                  # (tree, predicts) -> Acceptance
     stop: Callable = cut_at_stop                    # (tree, acceptance, eos_id) -> acceptance committed
     commit: Callable = commit_kv                    # (req_to_token, allocator, req, seq_len, row_slots, acc) -> seq_len

@@ -19,7 +19,8 @@ class UsageError(ValueError):
 # accepted and ran for minutes). Far above any setting DDTree is run at, low
 # enough that a run of it ends; case files and sweep lists are held to the same.
 LIMITS = {"budget": 1024, "topk": 64, "block_size": 64, "batch": 256, "max_new_tokens": 8192,
-          "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1}
+          "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1,
+          "sliding_window": 2**20}
 
 
 def within_limit(name: str, value: int, minimum: int) -> str | None:
@@ -62,12 +63,14 @@ class RunSettings:
     tf32: bool = False              # float32 on CUDA: let Triton's dots use TF32 (judged at the tf32 tolerance)
     noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
     page_size: int = 1              # KV page size: 1 (a token-slot pool) or a paged pool (harness/mem/paged.py)
+    sliding_window: int | None = None  # a sliding window on the model (its own sliding layers, else every layer)
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
                    (("budget", 1), ("topk", 1), ("block_size", 2), ("batch", 1), ("max_new_tokens", 1),
                     ("seed", 0), ("stop_after", 0))]
         bounded.append(None if self.eos_id is None else within_limit("eos_id", self.eos_id, 0))
+        bounded.append(None if self.sliding_window is None else within_limit("sliding_window", self.sliding_window, 1))
         checks = [(msg is None, msg) for msg in bounded] + [
                   (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
@@ -91,6 +94,8 @@ class RunSettings:
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
                    f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
         checks += page_size_checks(self)
+        if self.sliding_window is not None:
+            checks += window_refusals(self)
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -127,6 +132,8 @@ class RunSettings:
             parts.append("--no-kv-poison")
         if self.eos_id is not None:
             parts.append(f"--eos-id {self.eos_id}")
+        if self.sliding_window is not None:
+            parts.append(f"--sliding-window {self.sliding_window}")
         if self.stop_after != 2:
             parts.append(f"--stop-after {self.stop_after}")
         if self.tf32:
@@ -157,6 +164,14 @@ def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
                                         f"got {s.page_size}"),
             (s.page_size == 1 or s.impl is None, "--page-size > 1 is not supported with --impl (a port's commit "
                                                  "re-points slots at page size 1)")]
+
+
+def window_refusals(s: RunSettings) -> list[tuple[bool, str]]:
+    """What a sliding window (the flag's or the model's) cannot run with: (ok, one-line refusal) pairs."""
+    return [(not s.cuda_graph, "a sliding window with --cuda-graph is not supported: the graph's static buffers "
+                               "hold no window mask (run --no-cuda-graph)"),
+            (s.impl is None, "a sliding window with --impl is not supported: a port builds its own mask, with no "
+                             "window convention ddcheck can drive")]
 
 
 def _valid_rule(rule) -> bool:

@@ -28,8 +28,12 @@ REFUSED = {
     "llama3 without its factors": {**LLAMA, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
     "partial rotary": {**LLAMA, "partial_rotary_factor": 0.5},
     "llama sliding window": {**LLAMA, "sliding_window": 64},
-    "qwen2 sliding window": {**QWEN2, "use_sliding_window": True, "sliding_window": 64},
-    "sliding layer types": {**QWEN2, "layer_types": ["full_attention", "sliding_attention"]},
+    # windows are read (tests/unit/test_sliding_window.py); what stays refused: a window on Llama, a layer kind
+    # neither side implements, a windowed layer with no window length
+    "qwen2 window without a length": {**QWEN2, "use_sliding_window": True, "sliding_window": None,
+                                      "max_window_layers": 0},
+    "chunked layer type": {**QWEN2, "layer_types": ["full_attention", "chunked_attention"]},
+    "sliding layer types without a length": {**QWEN2, "layer_types": ["full_attention", "sliding_attention"]},
     "attention soft-cap not a number": {**LLAMA, "attn_logit_softcapping": "50"},
     "final soft-cap": {**LLAMA, "final_logit_softcapping": 30.0},
     "mlp bias": {**LLAMA, "mlp_bias": True},
@@ -58,7 +62,7 @@ def test_keys_that_are_switched_off_are_accepted_alike(name):
     assert config_from_hf(ACCEPTED[name]) == read_config(ACCEPTED[name])
 
 
-@pytest.mark.parametrize("name", ["yarn", "qwen2 sliding window", "final soft-cap"])
+@pytest.mark.parametrize("name", ["yarn", "qwen2 window without a length", "final soft-cap"])
 def test_a_refused_checkpoint_is_one_line_exit_2_nothing_written(tmp_path, name):
     directory = tmp_path / "ckpt"
     write_checkpoint(directory, LLAMA if "qwen" not in name else QWEN2)

@@ -14,7 +14,7 @@ from harness.check import check, prepare
 from harness.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import build_verify_batch
-from harness.faults.catalog import CATALOG
+from harness.faults.registry import catalog
 from harness.faults.one_key import ONE_KEY_LEAKS
 from harness.localize.audits import Finding
 from harness.localize.explain import CATALOG_CLASSES, Evidence, classify, explanation
@@ -148,4 +148,4 @@ def test_nothing_measured_is_unknown_not_a_class():
 
 
 def test_catalog_classes_are_the_catalogs():
-    assert set(CATALOG_CLASSES) == {f.expected_class for f in CATALOG}
+    assert set(CATALOG_CLASSES) == {f.expected_class for f in catalog().values()}   # every registered fault
