@@ -54,12 +54,13 @@ from pathlib import Path
 from harness.compare.acceptance_stats import AcceptanceBaseline
 from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
 
-AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "page_size")
+AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "model", "page_size")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
-                 "batch": (1,), "dtype": ("float32",), "sliding_window": (0,), "page_size": (1,)}
+                 "batch": (1,), "dtype": ("float32",), "sliding_window": (0,), "model": ("",), "page_size": (1,)}
 _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
-               "sliding_window": int, "page_size": int}
+               "sliding_window": int, "model": str, "page_size": int}
 ZERO_IS_OFF = ("sliding_window",)   # axes whose 0 means "none" (RunSettings holds None)
+EMPTY_IS_BASE = ("model",)          # axes whose "" means the case's own (a table may name another model)
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
              "faults", "tolerances", "impl", "port_stages", "strict"}
 CASES_DIR = Path("cases")
@@ -84,7 +85,8 @@ class Matrix:
     def settings(self, base: RunSettings) -> list[RunSettings]:
         values = [self.axes[a] for a in AXES]
         return [replace(base, fault=self.fault, accept=self.accept,
-                        **{a: None if a in ZERO_IS_OFF and v == 0 else v for a, v in zip(AXES, combo)})
+                        **{a: None if a in ZERO_IS_OFF and v == 0 else v for a, v in zip(AXES, combo)
+                           if not (a in EMPTY_IS_BASE and v == "")})
                 for combo in itertools.product(*values)]
 
 
@@ -346,14 +348,13 @@ def validate_faults(case: Case) -> None:
     """Every fault named in the case is registered and can show under its settings."""
     from harness.faults.registry import catalog, why_cannot_show
     faults = catalog()
-    vocab = model_vocab(case.base.model)
     named = [(f"matrix[{i}].fault", m.fault, m) for i, m in enumerate(case.matrix) if m.fault]
     named += [(f"faults[{i}].name", f.name, f.under) for i, f in enumerate(case.faults)]
     for key, name, m in named:
         if name not in faults:
             raise _fail(case.path, key, f"a registered fault ({', '.join(sorted(faults))})", name)
         for s in m.settings(case.base):
-            reason = why_cannot_show(name, s, vocab)
+            reason = why_cannot_show(name, s, model_vocab(s.model))
             if reason:
                 raise _fail(case.path, key, f"settings where it can show ({reason})", name)
 

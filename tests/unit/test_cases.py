@@ -54,6 +54,18 @@ def test_overlapping_matrix_tables_run_each_setting_once_under_the_first_label(t
     assert [s.budget for s in case.settings()] == [8, 16, 32]
 
 
+def test_a_table_or_fault_may_run_on_another_model(tmp_path):
+    text = GOOD.replace("[[faults]]", '[[matrix]]\nlabel = "sinks"\nmodel = ["tiny-sinks", "tiny-softcap"]\n'
+                                      '[[faults]]\nname = "sinks-first-row-only"\nmodel = "tiny-sinks"\n[[faults]]')
+    case = load_case(_write(tmp_path, text))
+    assert [(s.budget, s.model) for s in case.settings()] == [(8, "tiny"), (16, "tiny"), (16, "tiny-sinks"),
+                                                             (16, "tiny-softcap")]
+    assert [f.under.settings(case.base)[0].model for f in case.faults] == ["tiny-sinks", "tiny"]
+    # a fault that cannot show on the case's own model is refused there
+    with pytest.raises(CaseError, match="settings where it can show"):
+        load_case(_write(tmp_path, text.replace('model = "tiny-sinks"\n[[faults]]', '[[faults]]')))
+
+
 MALFORMED = [
     ("budget = [8, 16]", 'budget = ["x"]', "matrix[0].budget", "positive integers"),
     ("topk = 1", "topk = 0", "matrix[0].topk", "positive integers"),
