@@ -11,7 +11,7 @@ import torch
 
 from harness.attn import make_backend
 from harness.compare.acceptance_stats import AcceptanceTally
-from harness.compare.metrics import compare_node
+from harness.compare.metrics import compare_rows
 from harness.crash import Crash, attribute
 from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
 from harness.runner.causal_twin import CausalTwin
@@ -397,6 +397,9 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
     rule = p.rule
     twin = p.twin.tree_logits(rs.prefix, tree) if rule is not None else None  # [num_rows, vocab] float32
     accepted = set(rs.acceptance.rows)
+    real = tree.num_rows
+    metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
+    twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])] if rule is not None else None
     for row in range(tree.q_len):
         padding = row >= tree.num_rows
         if padding:
@@ -409,11 +412,11 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
             writer.write(NodeRecord(rs.step, rs.rid, row, None, None, None, True, False, None, None, None,
                                     None, finite, "padding" if finite else "diverge", summary.setting))
             continue
-        m = compare_node(rs.logits[row], ref[row])
+        m = metrics[row]
         twin_err = ratio = None
         tol = p.tolerance
         if rule is not None:
-            twin_err = compare_node(twin[row], ref[row]).rel_err
+            twin_err = twin_errs[row]
             tol, ratio = rule.bound(twin_err), rule.ratio(m.rel_err, twin_err)
             summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
             summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)

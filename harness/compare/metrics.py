@@ -23,14 +23,29 @@ class NodeMetrics:
 
 def compare_node(engine: torch.Tensor, ref: torch.Tensor) -> NodeMetrics:
     """engine  # [vocab] any float dtype; ref  # [vocab] float64."""
-    e = engine.double()
-    finite = bool(torch.isfinite(e).all())
-    scale = float(ref.abs().max().clamp_min(1e-30))
-    top2 = torch.topk(ref, 2).values if ref.numel() > 1 else torch.stack([ref.max(), ref.max()])
-    gap = float(top2[0] - top2[1]) / scale
-    if not finite:
-        return NodeMetrics(float("inf"), False, float("inf"), gap, False, scale)
-    rel = float((e - ref).abs().max()) / scale
+    return compare_rows(engine[None], ref[None])[0]
+
+
+def compare_rows(engine: torch.Tensor, ref: torch.Tensor) -> list[NodeMetrics]:
+    """One NodeMetrics per row, computed for all rows at once on ref's device
+    (a 128k vocabulary is then one pass per quantity, not one host round trip
+    per node and quantity). engine  # [n, vocab] any float dtype;
+    ref  # [n, vocab] float64."""
+    if engine.shape != ref.shape or ref.dim() != 2:
+        raise ValueError(f"compare_rows needs two [n, vocab] tensors, got {tuple(engine.shape)} and {tuple(ref.shape)}")
+    if ref.shape[0] == 0:
+        return []
+    e = engine.to(ref.device, torch.float64)                                  # [n, vocab]
+    finite = torch.isfinite(e).all(-1)                                        # [n]
+    scale = ref.abs().amax(-1).clamp_min(1e-30)                               # [n] max |ref|
+    top2 = torch.topk(ref, 2, -1).values if ref.shape[-1] > 1 else ref.amax(-1, keepdim=True).expand(-1, 2)
+    gap = (top2[:, 0] - top2[:, 1]) / scale                                   # [n]
+    rel = (e - ref).abs().amax(-1) / scale                                    # [n]
     log_p, log_q = torch.log_softmax(ref, -1), torch.log_softmax(e, -1)
-    kl = float((log_p.exp() * (log_p - log_q)).sum())
-    return NodeMetrics(rel, int(e.argmax()) == int(ref.argmax()), max(kl, 0.0), gap, True, scale)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)               # [n] KL(ref || engine)
+    agree = e.argmax(-1) == ref.argmax(-1)                                    # [n]
+    inf = torch.full_like(rel, float("inf"))
+    rel, kl = torch.where(finite, rel, inf), torch.where(finite, kl, inf)
+    agree = agree & finite
+    cols = [t.tolist() for t in (rel, agree, kl, gap, finite, scale)]
+    return [NodeMetrics(*row) for row in zip(*cols)]

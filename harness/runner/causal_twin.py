@@ -8,7 +8,8 @@ noise a correct low-precision computation of that node has; the noise-floor
 verdict (harness/compare/noise_floor.py) judges the engine's node against it.
 
 As in the oracle, causality is used and nothing else: the prefix is extended
-once per step, then one extend per leaf's root path gives every node on it.
+once per step, then one extend batch with one sequence per leaf's root path
+(each reading the prefix's slots, writing its own) gives every node on it.
 The twin is the engine's own model code on the causal path: a bug shared by
 that path (a RoPE or loader error) moves both and is left to the ceiling and
 to the fixed float32 runs.
@@ -34,29 +35,41 @@ class CausalTwin:
     def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
         """Twin logits [num_rows, vocab] float32 on CPU, row i for tree node i."""
         p = len(prefix)
-        self._forward(list(prefix), prefill_metadata([p], self._slots(0, p)).to(self.device), start=0)  # causal
+        chains = [list(tree.ancestors(leaf)) for leaf in _leaves(tree)]   # root .. leaf, one sequence each
+        lens = [len(c) for c in chains]
+        total = sum(lens)
+        self._reserve(p + total)
+        self._forward(list(prefix), list(range(p)), prefill_metadata([p], self._slots(0, p)).to(self.device))  # causal
+        starts = torch.tensor([0] + lens, device=self.device).cumsum(0)      # [leaves + 1]
+        meta = AttnMetadata(
+            qo_indptr=starts,
+            kv_indptr=torch.arange(len(chains) + 1, device=self.device) * p,   # every sequence reads the prefix
+            kv_indices=self._slots(0, p).repeat(len(chains)),
+            out_cache_loc=self._slots(p, total), custom_mask=None, mask_indptr=None, max_len_extend=max(lens))
+        ids = [tree.tokens[i] for c in chains for i in c]
+        positions = [p + depth for n in lens for depth in range(n)]         # each sequence from the prefix's end
+        logits = self._forward(ids, positions, meta)                          # [total, vocab]
         rows: list[torch.Tensor | None] = [None] * tree.num_rows
-        for leaf in _leaves(tree):
-            chain = list(tree.ancestors(leaf))  # root .. leaf
-            n = len(chain)
-            meta = AttnMetadata(
-                qo_indptr=torch.tensor([0, n], device=self.device),
-                kv_indptr=torch.tensor([0, p], device=self.device),
-                kv_indices=self._slots(0, p), out_cache_loc=self._slots(p, n),
-                custom_mask=None, mask_indptr=None, max_len_extend=n)
-            logits = self._forward([tree.tokens[i] for i in chain], meta, start=p)  # [n, vocab]
-            for position, node in enumerate(chain):
+        flat = 0
+        for chain in chains:
+            for node in chain:
                 if rows[node] is None:
-                    rows[node] = logits[position]
+                    rows[node] = logits[flat]
+                flat += 1
         return torch.stack(rows)
+
+    def _reserve(self, n: int) -> None:
+        """Room for n slots after the padding slot (a wide tree's chains can outgrow the context)."""
+        if FIRST_SLOT + n > self.pool.k_buffer[0].shape[0]:
+            self.pool = KVPool(self.model.cfg, FIRST_SLOT + n, self.model.dtype, self.device)
 
     def _slots(self, start: int, n: int) -> torch.Tensor:
         return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=self.device)
 
-    def _forward(self, ids: list[int], meta: AttnMetadata, start: int) -> torch.Tensor:
-        positions = torch.arange(start, start + len(ids), device=self.device)
+    def _forward(self, ids: list[int], positions: list[int], meta: AttnMetadata) -> torch.Tensor:
         tokens = torch.tensor(ids, device=self.device)
-        return self.model.forward(tokens, positions, meta, self.pool, self.backend).float().cpu()
+        pos = torch.tensor(positions, device=self.device)
+        return self.model.forward(tokens, pos, meta, self.pool, self.backend).float().cpu()
 
 
 def _leaves(tree: DraftTree) -> list[int]:

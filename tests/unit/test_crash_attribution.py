@@ -87,7 +87,7 @@ def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_pat
 
     def broken_compare(engine, ref):
         raise IndexError("index 7 is out of bounds")
-    monkeypatch.setattr(check_mod, "compare_node", broken_compare)
+    monkeypatch.setattr(check_mod, "compare_rows", broken_compare)
     out = tmp_path / "r.jsonl"
     result = CliRunner().invoke(cli.app, [*RUN, "--out", str(out)])
     assert result.exit_code == 3, result.output
@@ -149,7 +149,7 @@ def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
 
     def broken_compare(engine, ref):
         raise IndexError("index 7 is out of bounds")
-    monkeypatch.setattr(check_mod, "compare_node", broken_compare)
+    monkeypatch.setattr(check_mod, "compare_rows", broken_compare)
     job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2))
     (r,) = run_jobs([job], 1)
     assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"
