@@ -165,7 +165,9 @@ def main() -> None:
         print(f"float32: passed {row['passed']} max_err {row['max_rel_err']:.3g}", file=sys.stderr, flush=True)
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"noise-floor-{a.shape}.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
+    # no machine's paths in the record: the checkpoint and output folders by the names the README uses
+    text = json.dumps(result, indent=1, default=str).replace(str(ckpt), "$CHECKPOINT").replace(str(a.out), "$OUT")
+    path.write_text(text)
     print(json.dumps({k: result[k] for k in ("shape", "load_s", "fault_free_ratio")}, default=str))
 
 
