@@ -85,7 +85,9 @@ def leak_rows(leak: str, recs: list[dict]) -> list[dict]:
     return out
 
 
-def study(ckpt: Path, device: str, max_new_tokens: int, fault_free: list, leaks: list, dtype="bfloat16") -> dict:
+def study(ckpt: Path, device: str, max_new_tokens: int, fault_free: list, leaks: list, dtype="bfloat16",
+          save=lambda partial: None) -> dict:
+    """`save` gets the result so far after every setting (a run cut off by a time limit keeps what it measured)."""
     from harness.check import derive, prepare
     from harness.runner.settings import RunSettings
     torch.cuda.reset_peak_memory_stats() if device.startswith("cuda") else None
@@ -104,6 +106,7 @@ def study(ckpt: Path, device: str, max_new_tokens: int, fault_free: list, leaks:
         row, recs = judge(derive(base, replace(base_s, **kw)))
         ratios_ok += [r["noise_ratio"] for r in recs if r["kind"] == "node" and r.get("noise_ratio") is not None]
         out["fault_free"].append(row)
+        save(out)
         print(f"free {kw}: passed {row['passed']} max_err {row['max_rel_err']:.3g} ratio {row['max_noise_ratio']}",
               file=sys.stderr, flush=True)
     out["fault_free_ratio"] = _dist(ratios_ok)
@@ -117,6 +120,7 @@ def study(ckpt: Path, device: str, max_new_tokens: int, fault_free: list, leaks:
                    min_ratio=min((r["noise_ratio"] for r in hit if r.get("noise_ratio") is not None), default=None),
                    max_err=max((r["rel_err"] for r in hit), default=None))
         out["leaks"].append(row)
+        save(out)
         print(f"leak {leak} {kw}: rows {len(hit)} caught {row['caught_noise_floor']} (fixed {row['caught_fixed']}) "
               f"min ratio {row['min_ratio']}", file=sys.stderr, flush=True)
     row, _ = judge(derive(base, replace(base_s, fault="padded-kv-visible")), localize=True)
@@ -155,7 +159,14 @@ def main() -> None:
               "torch": torch.__version__, "write_checkpoint_s": time.perf_counter() - t0,
               "command": " ".join(sys.argv)}
     pick = lambda xs, sel: xs if sel is None else [xs[int(i)] for i in sel.split(",")]  # noqa: E731
-    result.update(study(ckpt, a.device, a.max_new_tokens, pick(FREE, a.free), pick(LEAKS, a.leaks)))
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / f"noise-floor-{a.shape}.json"
+
+    def save(partial: dict) -> None:
+        # no machine's paths in the record: the checkpoint and output folders by the names the README uses
+        text = json.dumps({**result, **partial}, indent=1, default=str)
+        path.write_text(text.replace(str(ckpt), "$CHECKPOINT").replace(str(a.out), "$OUT"))
+    result.update(study(ckpt, a.device, a.max_new_tokens, pick(FREE, a.free), pick(LEAKS, a.leaks), save=save))
     if a.float32_check:
         from harness.check import prepare
         from harness.runner.settings import RunSettings
@@ -163,11 +174,7 @@ def main() -> None:
                                            backend="sglang-triton", max_new_tokens=8)))
         result["float32_ieee"] = row
         print(f"float32: passed {row['passed']} max_err {row['max_rel_err']:.3g}", file=sys.stderr, flush=True)
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"noise-floor-{a.shape}.json"
-    # no machine's paths in the record: the checkpoint and output folders by the names the README uses
-    text = json.dumps(result, indent=1, default=str).replace(str(ckpt), "$CHECKPOINT").replace(str(a.out), "$OUT")
-    path.write_text(text)
+    save({})
     print(json.dumps({k: result[k] for k in ("shape", "load_s", "fault_free_ratio")}, default=str))
 
 

@@ -12,9 +12,9 @@ model, dtype and backend without a tree: harness/runner/causal_twin.py):
 with e = max |logits - oracle| / max |oracle| (compare/metrics.py).
 
 multiplier 1.75: on an H200 with 1B- and 8B-shaped bf16 checkpoints
-(benchmarks/results/noise-floor-h200-{1b,8b}.json, 4387 fault-free nodes) the
-ratio e_engine / e_twin of a correct engine was at most 1.41 (p99 1.21),
-while a row that saw one leaked key with a short prompt had at least 7.9;
+(benchmarks/results/noise-floor-h200-{1b,8b}.json, 6101 fault-free nodes) the
+ratio e_engine / e_twin of a correct engine was at most 1.41 (p99 1.22),
+while a row that saw one leaked key (or lost one) with a short prompt had at least 6.8;
 the issue's own earlier figures were 1.38 and 2.1. 1.75 sits between them,
 1.24x above the largest correct ratio. The weakest leak measured (one
 duplicated key at a 900-token prefix) reaches 1.94 on the 1B shape and
@@ -26,7 +26,7 @@ nothing about the node's scale.
 ceiling: an error no correct computation in that dtype reaches whatever the
 twin says (a twin broken the same way as the engine cannot excuse it);
 bf16 0.25 and fp16 0.05, about 3x and 18x the largest errors measured on
-correct runs (8.4e-2 bf16 8B shape, 2.7e-3 fp16), and under the smallest
+correct runs (8.5e-2 bf16 8B shape, 2.7e-3 fp16), and under the smallest
 padded-kv-visible error measured (0.52).
 """
 from __future__ import annotations
