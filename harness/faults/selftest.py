@@ -46,7 +46,8 @@ SHOW_SETTINGS: dict[str, dict] = {
 # The fault-free matrix, run once per seed.
 CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
                 {"eos_id": "auto", "batch": 2}, {"model": "tiny-sinks", "topk": 2}, {"model": "tiny-softcap"},
-                {"sliding_window": 8, "topk": 2, "batch": 2}, {"page_size": 16, "topk": 2, "batch": 2})
+                {"sliding_window": 8, "topk": 2, "batch": 2}, {"sliding_window": 8, "cuda_graph": True, "topk": 2, "batch": 3},
+                {"page_size": 16, "topk": 2, "batch": 2})
 CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3}, {"model": "tiny-sinks", "topk": 2},
                {"sliding_window": 8, "topk": 2}, {"page_size": 16, "topk": 2, "batch": 2})
 

@@ -1,5 +1,6 @@
 """Every static buffer a CUDA-graph replay read (input_ids, positions,
-seq_lens, kv_indptr, kv_indices, mask_indptr, custom_mask, out_cache_loc)
+seq_lens, kv_indptr, kv_indices, mask_indptr, custom_mask, the window mask of
+a windowed model, out_cache_loc)
 against what the eager forward of the same batch used; the batch-padding
 dummies against SGLang's padding rule (seq_len 1, slot 0, position 0, a mask
 that sees everything)."""
@@ -43,6 +44,7 @@ def audit_graph(replay, req_to_token: torch.Tensor, step: int) -> list[Wrong]:
                              f"the bucket-{bucket} graph's static {name} differs from what eager used at {count} "
                              f"elements (first at {i}, {part}: {f[:1] or 'missing'}, eager {e[:1]})"))
     out += _mask(replay, step)
+    out += _window_mask(replay, step)
     out += _max_kv_len(replay, step)
     return out
 
@@ -61,6 +63,26 @@ def _max_kv_len(replay, step: int) -> list[Wrong]:
 
 def _live_len(name: str, bs: int, n: int, kv: int) -> int:
     return {"seq_lens": bs, "kv_indptr": bs + 1, "mask_indptr": bs + 1, "kv_indices": kv}.get(name, bs * n)
+
+
+def _window_mask(replay, step: int) -> list[Wrong]:
+    """The sliding layers' static mask against the eager window mask (dummies: all ones)."""
+    live, meta = replay.live, replay.meta
+    if live.attn.window_mask is None:
+        return []
+    if meta.window_mask is None:
+        return [Wrong(step, "graph", "window_mask", None, None, "the window mask", None, 1,
+                      f"the bucket-{replay.bucket} graph was captured with no window mask: its sliding layers read "
+                      "the tree mask without the window", "captured-without-window")]
+    need = int(meta.window_mask_indptr[-1])
+    eager = live.attn.window_mask.cpu().bool()
+    got = meta.window_mask.cpu().bool()[:need]
+    i, e, f, count = excerpt(torch.cat([eager, torch.ones(need - eager.numel(), dtype=torch.bool)]).int(), got.int())
+    if i is None:
+        return []
+    return [Wrong(step, "graph", "window_mask", None, i, e, f, count,
+                  f"the bucket-{replay.bucket} graph's static window mask differs from the eager one at {count} of "
+                  f"{need} elements (first at {i}): the replay read a stale window", "stale")]
 
 
 def _mask(replay, step: int) -> list[Wrong]:

@@ -67,6 +67,7 @@ class _Static:
     custom_mask: torch.Tensor   # uint8 [bucket*q_len*(max_context+q_len)] (declared length may be shorter)
     mask_indptr: torch.Tensor   # [bucket+1]
     meta: AttnMetadata
+    window_mask: torch.Tensor | None = None  # uint8, custom_mask's layout: the sliding layers' mask (a windowed model)
     logits: torch.Tensor | None = None
     replay: Callable[[], None] | None = None
 
@@ -82,9 +83,11 @@ class GraphRunner:
         self.num_captures = 0
         self.last: Replay | None = None
 
-    def _capture(self, bucket: int, longest_prefix: int) -> _Static:
+    def _capture(self, bucket: int, longest_prefix: int, windowed: bool) -> _Static:
         """longest_prefix: the capturing batch's (frozen as max_kv_len when not
-        max_kv_len_at_capacity, as a host scalar is frozen into a graph)."""
+        max_kv_len_at_capacity, as a host scalar is frozen into a graph).
+        windowed: the model has sliding layers, which read a window mask of
+        custom_mask's layout (harness/ddtree/window.py): a static buffer of its own."""
         n, dev = self.q_len, self.device
         t = bucket * n
         i64 = dict(dtype=torch.int64, device=dev)
@@ -96,12 +99,15 @@ class GraphRunner:
             mask_indptr=torch.arange(bucket + 1, **i64) * n * (1 + n), meta=None)  # type: ignore[arg-type]
         if not self.options.mask_buffer_for_bucket:
             st.custom_mask.zero_()  # the memory past a short declared mask: never written
+        if windowed:
+            st.window_mask = torch.ones_like(st.custom_mask)
         st.meta = AttnMetadata(
             qo_indptr=torch.arange(0, (bucket + 1) * n, n, **i64), kv_indptr=st.kv_indptr,
             kv_indices=st.kv_indices, out_cache_loc=st.out_cache_loc,
             custom_mask=st.custom_mask if self.options.capture_custom_mask else None,
             mask_indptr=st.mask_indptr, max_len_extend=n,
-            max_kv_len=self.max_context if self.options.max_kv_len_at_capacity else longest_prefix)
+            max_kv_len=self.max_context if self.options.max_kv_len_at_capacity else longest_prefix,
+            window_mask=st.window_mask, window_mask_indptr=st.mask_indptr if windowed else None)
 
         def run() -> None:
             st.logits.copy_(self.forward(st.input_ids, st.positions, st.meta))
@@ -123,9 +129,13 @@ class GraphRunner:
         bs, n = vb.seq_lens.numel(), self.q_len
         bucket = next(b for b in self.buckets if b >= bs)
         fresh = bucket not in self._graphs  # the capture fills every buffer; replays refill per option
+        windowed = vb.attn.window_mask is not None
         if fresh:
-            self._graphs[bucket] = self._capture(bucket, int(vb.seq_lens.max()))
+            self._graphs[bucket] = self._capture(bucket, int(vb.seq_lens.max()), windowed)
         st = self._graphs[bucket]
+        if windowed != (st.window_mask is not None):
+            raise ValueError(f"the bucket-{bucket} graph was captured {'with' if st.window_mask is not None else 'without'} "
+                             "a window mask; this batch has " + ("one" if windowed else "none"))
         t = bs * n
         st.input_ids[:t] = vb.input_ids
         st.input_ids[t:] = 0
@@ -152,6 +162,9 @@ class GraphRunner:
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
             st.custom_mask[:live] = vb.attn.custom_mask.to(torch.uint8)
             st.custom_mask[live:end] = 1  # dummy requests see everything: no empty rows
+            if windowed:   # the same layout (window_mask_indptr is mask_indptr): refilled alike
+                st.window_mask[:live] = vb.attn.window_mask.to(torch.uint8)
+                st.window_mask[live:end] = 1
         st.replay()
         self.last = Replay(bucket, vb, st.meta, st.input_ids, st.positions, st.logits)
         return st.logits[:t].clone()

@@ -168,9 +168,7 @@ def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
 
 def window_refusals(s: RunSettings) -> list[tuple[bool, str]]:
     """What a sliding window (the flag's or the model's) cannot run with: (ok, one-line refusal) pairs."""
-    return [(not s.cuda_graph, "a sliding window with --cuda-graph is not supported: the graph's static buffers "
-                               "hold no window mask (run --no-cuda-graph)"),
-            (s.impl is None, "a sliding window with --impl is not supported: a port builds its own mask, with no "
+    return [(s.impl is None, "a sliding window with --impl is not supported: a port builds its own mask, with no "
                              "window convention ddcheck can drive")]
 
 
