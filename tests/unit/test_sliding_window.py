@@ -200,3 +200,20 @@ def test_the_window_is_in_the_reproduce_command_and_a_case_axis(tmp_path):
     case = tmp_path / "c.toml"
     case.write_text('name = "w"\n[[matrix]]\nsliding_window = [0, 8]\n')
     assert [s.sliding_window for s in load_case(case).settings()] == [None, 8]
+
+
+# -- with the other axes -------------------------------------------------------------
+
+@pytest.mark.parametrize("extra", [{"page_size": 16}, {"page_size": 16, "cuda_graph": True, "batch": 3},
+                                   {"page_size": 4, "batch": 2}])
+def test_a_window_with_paged_kv_and_graph_replay_matches_the_oracle(extra):
+    summary = run(backend="torch", topk=2, budget=8, sliding_window=8, max_new_tokens=12, **extra)
+    assert summary.passed and summary.nodes_checked > 20
+
+
+@pytest.mark.parametrize("fault", ["swa-window-by-row-index", "swa-window-ignored"])
+def test_window_faults_are_named_under_graph_replay_with_paged_kv(fault):
+    summary = run(backend="torch", topk=2, budget=8, batch=3, sliding_window=8, max_new_tokens=12, page_size=16,
+                  cuda_graph=True, fault=fault)
+    assert not summary.passed and summary.quantity == "window_mask"
+    assert summary.fault_class == {"swa-window-by-row-index": "swa-window-row-index"}.get(fault, fault)
