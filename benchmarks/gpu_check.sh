@@ -26,5 +26,11 @@ for f in graph-captured-causal stale-graph-mask stale-kv-indices; do
   run 1 run $B --dtype bfloat16 --budget 16 --topk 2 --cuda-graph --batch 4 --fault $f
 done
 run 1 run $B --dtype bfloat16 --budget 16 --topk 1 --cuda-graph --batch 4 --fault mask-row-stride
-python3 -m harness faults --check --quick --seeds 5 $B --json "$out/faults-check-cuda.json" > "$out/faults-check.txt" 2>&1
+# the newer axes under SGLang's kernel and real CUDA graphs: a window (its own static mask buffer), paged KV, sinks
+run 0 run $B --dtype bfloat16 --model tiny-swa --budget 8 --topk 2 --cuda-graph --batch 3
+run 0 run $B --dtype bfloat16 --sliding-window 8 --page-size 16 --budget 8 --topk 2 --cuda-graph --batch 3
+run 0 run $B --dtype bfloat16 --model tiny-sinks --budget 16 --topk 2 --cuda-graph --batch 4
+run 1 run $B --dtype bfloat16 --model tiny-swa --budget 8 --topk 2 --cuda-graph --batch 3 --fault swa-window-by-row-index
+run 1 run $B --dtype bfloat16 --page-size 16 --budget 16 --topk 2 --batch 2 --fault paged-compaction-permutation
+python3 -m harness faults --check --quick --seeds 5 --fault-seeds ${FAULT_SEEDS:-5} $B --json "$out/faults-check-cuda.json" > "$out/faults-check.txt" 2>&1
 echo "faults --check exit $?" >> "$log"
