@@ -29,7 +29,7 @@ from harness.runner.engine import Engine, RequestStep
 from harness.runner.prompt_sources import prompts_of
 from harness.step_clock import StepClock, machine_cores, oracle_threads
 from harness.runner.settings import (DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens,
-                                     prompts_for_batch, window_refusals)
+                                     prompts_for_batch)
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,6 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
         oracle_device = choose_oracle_device(s, weights)
         oracle = load_oracle_from(directory, s.model, oracle_device)
     load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
-    if cfg.sliding_window is not None:
-        for ok, msg in window_refusals(s):
-            if not ok:
-                raise UsageError(f"--model {s.model} has sliding-window layers: {msg}")
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
         from harness.attn.sglang_triton import float32_dots
         float32_dots(s.tf32)

@@ -94,8 +94,6 @@ class RunSettings:
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
                    f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
         checks += page_size_checks(self)
-        if self.sliding_window is not None:
-            checks += window_refusals(self)
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -164,12 +162,6 @@ def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
                                         f"got {s.page_size}"),
             (s.page_size == 1 or s.impl is None, "--page-size > 1 is not supported with --impl (a port's commit "
                                                  "re-points slots at page size 1)")]
-
-
-def window_refusals(s: RunSettings) -> list[tuple[bool, str]]:
-    """What a sliding window (the flag's or the model's) cannot run with: (ok, one-line refusal) pairs."""
-    return [(s.impl is None, "a sliding window with --impl is not supported: a port builds its own mask, with no "
-                             "window convention ddcheck can drive")]
 
 
 def _valid_rule(rule) -> bool:

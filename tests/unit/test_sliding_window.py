@@ -183,8 +183,7 @@ def test_a_window_fault_without_a_window_is_a_usage_error():
 
 # -- refusals ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [["--sliding-window", "0"],
-                                  ["--sliding-window", "8", "--impl", "ddtree-utils:port.py"]])
+@pytest.mark.parametrize("args", [["--sliding-window", "0"], ["--sliding-window", "-3"]])
 def test_unsupported_window_combinations_are_one_line_exit_2(tmp_path, args):
     out = tmp_path / "run.jsonl"
     result = CliRunner().invoke(cli.app, ["run", "--backend", "torch", "--out", str(out), *args])
@@ -217,3 +216,23 @@ def test_window_faults_are_named_under_graph_replay_with_paged_kv(fault):
                   cuda_graph=True, fault=fault)
     assert not summary.passed and summary.quantity == "window_mask"
     assert summary.fault_class == {"swa-window-by-row-index": "swa-window-row-index"}.get(fault, fault)
+
+
+# -- with a port under test -----------------------------------------------------------
+
+PORT = "ddtree-utils:" + str(__import__("pathlib").Path(__file__).parents[1] / "fixtures/ports/ddtree_utils")
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("sglang-triton", marks=pytest.mark.sglang)])
+def test_a_window_is_folded_onto_a_ports_mask_by_its_positions(backend):
+    """The port builds the tree mask and positions; the window is the attention
+    backend's, folded on top as SGLang's backend would apply it."""
+    summary = run(backend=backend, impl=f"{PORT}/faithful.py", sliding_window=8, topk=2, budget=16, batch=2,
+                  max_new_tokens=12)
+    assert summary.passed and summary.nodes_checked > 30 and summary.prefix_len_max > 8
+
+
+def test_a_ports_padding_leak_is_still_caught_under_a_window():
+    summary = run(backend="torch", impl=f"{PORT}/padding_visible_additive.py", sliding_window=8, topk=1, budget=16,
+                  max_new_tokens=12)
+    assert not summary.passed and summary.fault_class == "padding-leak"
