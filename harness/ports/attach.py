@@ -69,6 +69,9 @@ def _fault_overridden(s: RunSettings, pipeline: Pipeline, stages: PortStages) ->
 
 
 def skip_reason(conv: Conventions, stages: tuple[str, ...], s: RunSettings, vocab: int) -> str | None:
+    if s.page_size > 1 and "commit" in stages:
+        return (f"page size {s.page_size}: the port's own commit re-points req_to_token one slot at a time "
+                "(run its other stages with --port-stages, ddcheck's paged commit then compacts)")
     if conv.max_batch is not None and s.batch > conv.max_batch:
         return f"batch {s.batch} > the port's limit {conv.max_batch}"
     if not conv.has_padding:

@@ -159,9 +159,7 @@ PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)   # powers of two, as SGLang's paged alloc
 def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
     """--page-size: a power of two up to 64; a port under test commits with page size 1 only."""
     return [(s.page_size in PAGE_SIZES, f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, "
-                                        f"got {s.page_size}"),
-            (s.page_size == 1 or s.impl is None, "--page-size > 1 is not supported with --impl (a port's commit "
-                                                 "re-points slots at page size 1)")]
+                                        f"got {s.page_size}")]
 
 
 def _valid_rule(rule) -> bool:

@@ -4,6 +4,8 @@ at commit (harness/ddtree/commit_paged.py), fault-free runs against the
 oracle, the poison canary, and the two paged faults caught and named."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataclasses import replace
 
 import pytest
@@ -206,7 +208,33 @@ def test_paged_faults_are_caught_and_named(fault, cls):
 def test_page_size_refusals_and_reproduce_command():
     with pytest.raises(UsageError, match="--page-size must be one of"):
         RunSettings(page_size=3)
-    with pytest.raises(UsageError, match="not supported with --impl"):
-        RunSettings(page_size=16, impl="ddtree-utils:x.py")
     assert "--page-size 16" in RunSettings(page_size=16).command()
     assert "--page-size" not in RunSettings().command()
+
+
+# -- with a port under test -----------------------------------------------------------
+
+PORTS = Path(__file__).parents[1] / "fixtures" / "ports"
+
+
+@pytest.mark.parametrize("impl, stages", [("dflash-tree:dflash_tree/faithful.py", None),
+                                          ("ddtree-utils:ddtree_utils/faithful.py", "build,compile,accept")])
+def test_a_ports_stages_run_over_paged_kv_with_ddchecks_paged_commit(impl, stages):
+    family, path = impl.split(":")
+    s = replace(BASE, page_size=16, impl=f"{family}:{PORTS / path}", port_stages=stages, max_new_tokens=12)
+    summary = check(prepare(s), RecordWriter(None))
+    assert summary.passed and summary.nodes_checked > 30 and "commit" not in summary.port["port_stages"]
+
+
+def test_a_ports_own_commit_is_skipped_at_page_size_above_1():
+    from harness.ports.attach import SettingSkipped
+    s = replace(BASE, page_size=16, impl=f"ddtree-utils:{PORTS / 'ddtree_utils/faithful.py'}")
+    with pytest.raises(SettingSkipped, match="own commit"):
+        prepare(s)
+
+
+def test_a_ports_padding_leak_is_caught_over_paged_kv():
+    s = replace(BASE, batch=1, topk=1, page_size=16, port_stages="build,compile,accept",
+                impl=f"ddtree-utils:{PORTS / 'ddtree_utils/padding_visible_additive.py'}")
+    summary = check(prepare(s), RecordWriter(None))
+    assert not summary.passed and summary.fault_class == "padding-leak"
