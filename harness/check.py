@@ -27,7 +27,7 @@ from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
 from harness.runner.prompt_sources import prompts_of
-from harness.step_clock import StepClock, machine_cores, oracle_threads
+from harness.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
 from harness.runner.settings import (DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens,
                                      prompts_for_batch)
 
@@ -89,6 +89,8 @@ class CheckSummary:
     engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
     oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
     oracle_device: str | None = None        # where the float64 oracle computed
+    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (engine_load, oracle_load, ...)
+    streams_s: float | None = None          # wall seconds of the stream check (the oracle's greedy streams)
     prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
     prefix_len_max: int = 0
     key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
@@ -133,6 +135,7 @@ class Prepared:
     load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
     oracle_device: str = "cpu"   # where the float64 oracle computes
     twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
+    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (timed_phase)
 
     @property
     def rule(self) -> NoiseFloorRule | None:
@@ -158,16 +161,21 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
     the given ones, else the settings' (harness/runner/prompt_sources.py)."""
     if prompts is None:
         prompts = prompts_of(s)
+    phases: dict[str, float] = {}
     with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
-        cfg, weights = load_checkpoint(directory)
-        check_finite_weights(weights, s.model)
+        with timed_phase(phases, "engine_load"):
+            cfg, weights = load_checkpoint(directory)
+            check_finite_weights(weights, s.model)
         oracle_device = choose_oracle_device(s, weights)
-        oracle = load_oracle_from(directory, s.model, oracle_device)
-    load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+        with timed_phase(phases, "oracle_load"):
+            oracle = load_oracle_from(directory, s.model, oracle_device)
+    with timed_phase(phases, "load_agreement"):
+        load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
         from harness.attn.sglang_triton import float32_dots
         float32_dots(s.tf32)
-    backend = make_backend(s.backend, s.device, s.torch_dtype)
+    with timed_phase(phases, "backend"):
+        backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
                          "reads indptrs on the host (use --backend sglang-triton)")
@@ -181,10 +189,11 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
                              f"(vocab_size {cfg.vocab_size})")
     if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
         raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
-    engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-    twin = twin_for(s, engine)
+    with timed_phase(phases, "engine_build"):
+        engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
+        twin = twin_for(s, engine)
     return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
-                    oracle_device=oracle_device, twin=twin)
+                    oracle_device=oracle_device, twin=twin, load_s=phases)
 
 
 def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
@@ -245,7 +254,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     tol = p.tolerance
     writer.begin_run()
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
-                           port=p.port.describe() if p.port else None, oracle_device=p.oracle_device)
+                           port=p.port.describe() if p.port else None, oracle_device=p.oracle_device,
+                           load_s=dict(p.load_s))
     if p.rule is not None:
         summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
@@ -308,8 +318,10 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
     if not summary.stopped_early:   # an unfinished engine has no finish findings
         _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
     progress.streams_checked = True
-    with oracle_threads(threads):
+    streams: dict[str, float] = {}
+    with oracle_threads(threads), timed_phase(streams, "streams"):
         _check_streams(p, summary, writer)
+    summary.streams_s = streams["streams"]
     _add_notes(p, summary, progress.ignored_prefix_keys)
 
 

@@ -50,6 +50,18 @@ class StepClock:
         return self.engine_s / steps, self.oracle_s / steps
 
 
+@contextmanager
+def timed_phase(into: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the wall seconds of the block to into[name]: the phases of loading a
+    run (each side's checkpoint reading, the agreement check, the backend) and
+    the stream check, so a slow start says where its time went."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        into[name] = into.get(name, 0.0) + time.perf_counter() - t0
+
+
 def machine_cores() -> int:
     """The cores this process may run on (its CPU affinity), not the host's count."""
     try:

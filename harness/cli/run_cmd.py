@@ -178,6 +178,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
                                    f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on "
                                    f"{summary.oracle_device})")
+    if summary.load_s:
+        phases = ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in summary.load_s.items())
+        streams = f"; stream check {summary.streams_s:.1f} s" if summary.streams_s is not None else ""
+        t.add_row("load time", f"{sum(summary.load_s.values()):.1f} s ({phases}){streams}")
     if summary.stopped_early:
         t.add_row("stopped early", f"after {summary.divergent_steps} divergent steps (--stop-after)")
     if summary.mean_accepted_length is not None:

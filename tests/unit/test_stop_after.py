@@ -24,6 +24,20 @@ def test_stop_after_ends_a_divergent_run_early(tmp_path):
     assert one["oracle_s_per_step"] > 0 and one["engine_s_per_step"] > 0
 
 
+def test_the_summary_says_where_loading_time_went(tmp_path):
+    """Each loading phase and the stream check are timed, in the record and on screen."""
+    out = tmp_path / "r.jsonl"
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--budget", "8", "--topk", "2", "--backend", "torch",
+                        "--max-new-tokens", "6", "--out", str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, COLUMNS="200"))
+    assert r.returncode == 0, r.stderr
+    summary = [json.loads(x) for x in out.read_text().splitlines() if '"summary"' in x][-1]
+    assert list(summary["load_s"]) == ["engine_load", "oracle_load", "load_agreement", "backend", "engine_build"]
+    assert all(v >= 0 for v in summary["load_s"].values()) and summary["load_s"]["oracle_load"] > 0
+    assert summary["streams_s"] > 0
+    assert "load time" in r.stdout and "oracle load" in r.stdout and "stream check" in r.stdout
+
+
 def test_oracle_threads_set_and_restored():
     import torch
     from harness.step_clock import machine_cores, oracle_threads
