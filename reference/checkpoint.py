@@ -67,8 +67,8 @@ def _read_tensor(f, body: int, name: str, entry: dict, file_name: str, device: s
     begin, end = entry["data_offsets"]
     dtype = SAFETENSORS_DTYPES[entry["dtype"]]
     f.seek(body + begin)
-    raw = bytearray(f.read(end - begin))
-    if len(raw) != end - begin:
+    raw = bytearray(end - begin)          # read straight into a writable buffer: one copy of the bytes
+    if f.readinto(raw) != end - begin:
         raise CheckpointRefused(f"{file_name}: {name} runs past the end of the file")
     flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)  # [numel]
     return flat.reshape(entry["shape"]).to(device).to(torch.float64)

@@ -117,16 +117,20 @@ class DenseLlama:
 
     `weights` uses Hugging Face tensor names (ddschema.weight_names); every
     tensor is held as float64 on `device` (the CPU, or a GPU: float64 there
-    too), a copy of the caller's tensor. Missing names raise KeyError.
+    too), a copy of the caller's tensor unless `owned` says the caller hands
+    them over (tensors it read for this model and keeps no reference to).
+    Missing names raise KeyError.
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu") -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu",
+                 owned: bool = False) -> None:
         self.config = config
         self.device = torch.device(device)
         missing = [n for n in weight_names(config) if n not in weights]
         if missing:
             raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
-        self.w = {name: _own_copy(weights[name].detach(), self.device) for name in weight_names(config)}
+        take = (lambda t: t.to(device=self.device, dtype=DTYPE)) if owned else (lambda t: _own_copy(t, self.device))
+        self.w = {name: take(weights[name].detach()) for name in weight_names(config)}
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 

@@ -65,9 +65,11 @@ class DenseOracle:
     """ddschema.Oracle over a DenseLlama computing on `device` (float64 there
     too). All outputs are float64 on CPU."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu") -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu",
+                 owned: bool = False) -> None:
+        """owned: `weights` are this oracle's alone (its own reading of a checkpoint), kept without a copy."""
         self.config = config
-        self.model = DenseLlama(config, weights, device)
+        self.model = DenseLlama(config, weights, device, owned=owned)
         self.prefixes = PrefixCache()
 
     @classmethod
@@ -76,7 +78,7 @@ class DenseOracle:
         (reference/checkpoint.py), its tensors read straight to `device`;
         raises CheckpointRefused (a ValueError)."""
         config, weights = load_checkpoint(directory, device)
-        return cls(config, weights, device, **options)
+        return cls(config, weights, device, owned=True, **options)  # read here, held by no one else
 
     def weight(self, name: str) -> Tensor:
         """The float64 tensor the oracle computes with under `name` (for a

@@ -234,3 +234,30 @@ def test_a_truncated_safetensors_file_is_refused(tmp_path):
     (tmp_path / "x.safetensors").write_bytes(data[:-100])
     with pytest.raises(CheckpointRefused, match="past the end"):
         read_safetensors(tmp_path / "x.safetensors")
+
+
+def test_the_oracle_keeps_its_own_reading_without_a_copy_and_copies_anyone_elses(tmp_path):
+    """from_checkpoint hands the oracle tensors no one else holds (kept as read);
+    weights handed in by a caller are copied, so the caller cannot change them."""
+    cfg = presets.PRESETS["tiny"]
+    d = presets.write_checkpoint(tmp_path / "ck", cfg, presets.random_weights(cfg, 0))
+    own = DenseOracle.from_checkpoint(d)
+    config, weights = __import__("reference.checkpoint", fromlist=["load_checkpoint"]).load_checkpoint(d)
+    given = DenseOracle(config, weights)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert given.weight(name).data_ptr() != weights[name].data_ptr()
+    before = given.weight(name).clone()
+    weights[name].add_(1.0)                                   # the caller's tensor changes...
+    assert torch.equal(given.weight(name), before)            # ...the oracle's does not
+    assert torch.equal(own.weight(name), before)              # and its own reading is the same model
+    prefix, tokens, parents = [3, 5, 7], [9, 11, 2], [-1, 0, 0]
+    assert torch.equal(own.tree_logits(prefix, tokens, parents), given.tree_logits(prefix, tokens, parents))
+
+
+def test_an_infinite_weight_read_alike_is_still_a_weights_divergence():
+    """The agreement's exact-equality shortcut keeps the rule: a non-finite engine tensor is a mismatch."""
+    from harness.load_agreement import _tensor_mismatch
+    t = torch.tensor([1.0, float("inf")])
+    assert _tensor_mismatch("w", t.clone(), t.clone()) is not None
+    assert _tensor_mismatch("w", t[:1].bfloat16(), t[:1]) is None
+    assert _tensor_mismatch("w", torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.5])).what == "weights"
