@@ -65,6 +65,14 @@ def _live_len(name: str, bs: int, n: int, kv: int) -> int:
     return {"seq_lens": bs, "kv_indptr": bs + 1, "mask_indptr": bs + 1, "kv_indices": kv}.get(name, bs * n)
 
 
+def _against_eager(eager_mask: torch.Tensor, static_mask: torch.Tensor, need: int):
+    """excerpt() of a graph's static mask (its first `need` elements) against the
+    eager mask followed by the batch-padding dummies' all-ones blocks."""
+    eager = eager_mask.cpu().bool()
+    want = torch.cat([eager, torch.ones(need - eager.numel(), dtype=torch.bool)])
+    return excerpt(want.int(), static_mask.cpu().bool()[:need].int())
+
+
 def _window_mask(replay, step: int) -> list[Wrong]:
     """The sliding layers' static mask against the eager window mask (dummies: all ones)."""
     live, meta = replay.live, replay.meta
@@ -75,9 +83,7 @@ def _window_mask(replay, step: int) -> list[Wrong]:
                       f"the bucket-{replay.bucket} graph was captured with no window mask: its sliding layers read "
                       "the tree mask without the window", "captured-without-window")]
     need = int(meta.window_mask_indptr[-1])
-    eager = live.attn.window_mask.cpu().bool()
-    got = meta.window_mask.cpu().bool()[:need]
-    i, e, f, count = excerpt(torch.cat([eager, torch.ones(need - eager.numel(), dtype=torch.bool)]).int(), got.int())
+    i, e, f, count = _against_eager(live.attn.window_mask, meta.window_mask, need)
     if i is None:
         return []
     return [Wrong(step, "graph", "window_mask", None, i, e, f, count,
@@ -99,13 +105,10 @@ def _mask(replay, step: int) -> list[Wrong]:
                       f"the mask buffer handed to the kernel holds {have} elements but mask_indptr ends at {need}: "
                       f"the batch-padding requests' mask (elements {have}..{need - 1}) is read past its end",
                       "out-of-bounds")]
-    eager = live.attn.custom_mask.cpu().bool()
-    got = meta.custom_mask.cpu().bool()
-    dummy = torch.ones(need - eager.numel(), dtype=torch.bool)
-    i, e, f, count = excerpt(torch.cat([eager, dummy]).int(), got[:need].int())
+    i, e, f, count = _against_eager(live.attn.custom_mask, meta.custom_mask, need)
     if i is None:
         return []
-    part = "a live request's" if i < eager.numel() else "a batch-padding dummy's"
+    part = "a live request's" if i < live.attn.custom_mask.numel() else "a batch-padding dummy's"
     return [Wrong(step, "graph", "custom_mask", None, i, e, f, count,
                   f"the bucket-{bucket} graph's static mask differs from the eager mask at {count} of {need} "
                   f"elements (first at {i}, {part}): the replay read a stale mask", "stale")]

@@ -157,7 +157,7 @@ PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)   # powers of two, as SGLang's paged alloc
 
 
 def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
-    """--page-size: a power of two up to 64; a port under test commits with page size 1 only."""
+    """--page-size: a power of two up to 64 (a port whose own commit is in play skips a paged setting: ports/attach.py)."""
     return [(s.page_size in PAGE_SIZES, f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, "
                                         f"got {s.page_size}")]
 
