@@ -22,7 +22,7 @@ from harness.load_agreement import LoadMismatch, compare_loaded
 from harness.load_agreement import explain as explain_load
 from harness.model.presets import PRESETS, ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.oracle_lookup import load_oracle_class
-from harness.oracle_placement import choose_oracle_device
+from harness.oracle_placement import choose_oracle_device, place_weights
 from harness.ports.attach import PortRun, attach_port
 from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
 from harness.runner.engine import Engine, RequestStep
@@ -165,6 +165,7 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
     with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
         with timed_phase(phases, "engine_load"):
             cfg, weights = load_checkpoint(directory)
+            weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
             check_finite_weights(weights, s.model)
         oracle_device = choose_oracle_device(s, weights)
         with timed_phase(phases, "oracle_load"):

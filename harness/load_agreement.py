@@ -78,7 +78,7 @@ def _tensor_mismatch(name: str, got: torch.Tensor | None, ref: torch.Tensor | No
     if tuple(got.shape) != tuple(ref.shape):
         return LoadMismatch("weights", name, str(list(got.shape)), str(list(ref.shape)),
                             f"tensor {name}: shape {list(got.shape)} in the engine, {list(ref.shape)} in the oracle")
-    got = got.detach().to(ref.device, torch.float32)   # exact from bf16, fp16 and fp32
+    got = got.detach().to(ref.device).to(torch.float32)   # moved as stored, widened there: exact from bf16, fp16, fp32
     if torch.equal(got, ref) and bool(torch.isfinite(got).all()):   # the common case: one pass, no copies
         return None
     diff = (got.double() - ref.double()).abs()  # [shape]
