@@ -39,7 +39,7 @@ def time_verify(backend: str, budget: int, topk: int, batch: int, cuda_graph: bo
                 dtype: str, reps: int) -> dict:
     """Median seconds per verify step for one setting (one round of prefill
     and drafting first, to get a real verify batch)."""
-    from harness.check import prepare
+    from harness.prepare import prepare
     from harness.runner.settings import RunSettings
     s = RunSettings(budget=budget, topk=topk, batch=batch, cuda_graph=cuda_graph, backend=backend,
                     device=device, dtype=dtype, max_new_tokens=64)

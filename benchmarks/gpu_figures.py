@@ -44,7 +44,8 @@ PERCENTILES = (50, 90, 99, 99.9, 100)
 
 
 def run_setting(budget, topk, graph, batch, *, device, dtype, max_new_tokens, fault=None) -> tuple[dict, list[float]]:
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.records import RecordWriter
     from harness.runner.settings import RunSettings
     s = RunSettings(budget=budget, topk=topk, cuda_graph=graph, batch=batch, backend="sglang-triton",

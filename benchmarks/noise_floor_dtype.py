@@ -35,7 +35,7 @@ def node_rows(lines) -> list[dict]:
 
 def measure(dtype: str, backend: str, device: str) -> dict:
     from noise_floor_study import judge, leak_rows
-    from harness.check import prepare
+    from harness.prepare import prepare
     from harness.runner.settings import RunSettings
     base = dict(backend=backend, dtype=dtype, device=device, stop_after=0)
     out, ratios = {"free": [], "leaks": []}, []

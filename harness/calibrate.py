@@ -59,7 +59,8 @@ def calibration_settings(case) -> list[RunSettings]:
 
 
 def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.records import RecordWriter
     errs: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}

@@ -3,246 +3,23 @@ per (step, request, node), then the emitted streams against the oracle's
 greedy continuation."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
 
-from harness.attn import make_backend
+from harness.check_summary import CheckSummary, FirstDivergence, summary_record
 from harness.compare.acceptance_stats import AcceptanceTally
 from harness.compare.metrics import compare_rows
-from harness.crash import Crash, attribute
-from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
-from harness.runner.causal_twin import CausalTwin
 from harness.compare.tree_accept import DDTREE, check_acceptance, check_tree
-from harness.compare.tolerance import matmul_precision, rel_tolerance
-from harness.faults import apply_fault
-from harness.load_agreement import LoadMismatch, compare_loaded
+from harness.crash import Crash, attribute
 from harness.load_agreement import explain as explain_load
-from harness.model.presets import PRESETS, ModelLoadError, checkpoint_dir, load_checkpoint
-from harness.oracle_lookup import load_oracle_class
-from harness.oracle_placement import choose_oracle_device, place_weights
-from harness.ports.attach import PortRun, attach_port
-from harness.records import NodeRecord, RecordWriter, StreamRecord, provenance
-from harness.runner.engine import Engine, RequestStep
-from harness.runner.prompt_sources import prompts_of
+from harness.model.presets import PRESETS
+from harness.prepare import Prepared
+from harness.records import NodeRecord, RecordWriter, StreamRecord
+from harness.runner.engine import RequestStep
+from harness.runner.settings import RunSettings
 from harness.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
-from harness.runner.settings import (DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError, prompt_tokens,
-                                     prompts_for_batch)
-
-
-@dataclass(frozen=True)
-class FirstDivergence:
-    step: int
-    request: int
-    node: int
-    depth: int | None
-    padding_present: bool
-    rel_err: float | None
-    what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
-    #                     | config | weights (the engine's loader disagrees with the oracle's reading)
-    #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
-    #                     | provenance (a KV slot read or written against the canary's record of it)
-    #                     | crash (the engine under test raised before anything diverged; detail names where)
-    detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
-
-
-@dataclass
-class CheckSummary:
-    setting: str
-    nodes_checked: int = 0
-    divergent_nodes: int = 0
-    near_ties: int = 0
-    padding_rows: int = 0
-    steps: int = 0
-    stream_mismatches: int = 0
-    accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
-    load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
-    tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
-    accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
-    reference_near_ties: int = 0    # tree or walk differences explained by a near tie
-    mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
-    acceptance_by_depth: list[float] = field(default_factory=list)  # [depth - 1] P(walk reaches depth | offered)
-    max_rel_err: float = 0.0
-    verdict_rule: str = "fixed"      # fixed (the dtype's table) | noise-floor (each node against its twin)
-    noise_rule: dict | None = None   # multiplier, floor, ceiling of the noise-floor rule
-    max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, floor) over judged nodes
-    max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model
-    max_node_bound: float = 0.0            # largest tolerance a node was judged at
-    max_ref_scale: float = 0.0
-    tolerance: float | None = None   # the relative tolerance the nodes were judged at
-    first: FirstDivergence | None = None
-    notes: list[str] = field(default_factory=list)
-    fault_class: str | None = None   # the localizer's class of the first divergence
-    explanation: str | None = None   # the localizer's paragraph
-    stage: str | None = None         # the localizer's stage of the first wrong quantity
-    quantity: str | None = None      # and that quantity
-    port: dict | None = None         # the port under test (--impl): which stages were its own
-    audit_errors: int = 0            # structural findings on the port's metadata (audit records)
-    audit_warnings: int = 0          # findings that change no logits on this kernel
-    first_finding: str | None = None
-    strict: bool = False             # warnings fail the run too
-    provenance_findings: int = 0     # KV canary findings: slots read or written against their provenance
-    divergent_steps: int = 0         # verify steps with at least one divergent node
-    stopped_early: bool = False      # the run ended after --stop-after divergent steps
-    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
-    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
-    oracle_device: str | None = None        # where the float64 oracle computed
-    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (engine_load, oracle_load, ...)
-    streams_s: float | None = None          # wall seconds of the stream check (the oracle's greedy streams)
-    prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
-    prefix_len_max: int = 0
-    key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
-    crash: dict | None = None               # an exception met during the check: side, where, error, step
-    error: str | None = None                # its last line (the crash's `error`)
-
-    @property
-    def verdict(self) -> str:
-        """pass | diverge (a divergence, or the engine under test crashed) |
-        oracle-crash (the oracle raised before anything diverged) |
-        internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
-        side = (self.crash or {}).get("side")
-        if side == "ddcheck":
-            return "internal-error"
-        if not self.checks_passed or side == "engine":
-            return "diverge"
-        return "oracle-crash" if side == "oracle" else "pass"
-
-    @property
-    def passed(self) -> bool:
-        return self.crash is None and self.checks_passed
-
-    @property
-    def checks_passed(self) -> bool:
-        """No check found a divergence (whatever crashed after)."""
-        return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
-                and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
-                and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
-                and self.provenance_findings == 0)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Everything validated before anything runs or is written."""
-
-    settings: RunSettings
-    engine: Engine
-    oracle: object
-    prompts: list[PromptSpec]
-    prompt_ids: list[list[int]]
-    port: PortRun | None = None
-    load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
-    oracle_device: str = "cpu"   # where the float64 oracle computes
-    twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
-    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (timed_phase)
-
-    @property
-    def rule(self) -> NoiseFloorRule | None:
-        """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
-        s = self.settings
-        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
-
-    @property
-    def tolerance(self) -> float:
-        """Relative logit tolerance for this run: the settings' own if given,
-        the noise-floor rule's ceiling when it judges, else by dtype and by
-        what the backend multiplies in (TF32 for SGLang's kernel on CUDA in
-        float32)."""
-        if self.rule is not None:
-            return self.rule.ceiling
-        if self.settings.tolerance is not None:
-            return self.settings.tolerance
-        return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
-
-
-def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
-    """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
-    the given ones, else the settings' (harness/runner/prompt_sources.py)."""
-    if prompts is None:
-        prompts = prompts_of(s)
-    phases: dict[str, float] = {}
-    with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
-        with timed_phase(phases, "engine_load"):
-            cfg, weights = load_checkpoint(directory)
-            weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
-            check_finite_weights(weights, s.model)
-        oracle_device = choose_oracle_device(s, weights)
-        with timed_phase(phases, "oracle_load"):
-            oracle = load_oracle_from(directory, s.model, oracle_device)
-    with timed_phase(phases, "load_agreement"):
-        load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
-    if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
-        from harness.attn.sglang_triton import float32_dots
-        float32_dots(s.tf32)
-    with timed_phase(phases, "backend"):
-        backend = make_backend(s.backend, s.device, s.torch_dtype)
-    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
-        raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
-                         "reads indptrs on the host (use --backend sglang-triton)")
-    pipeline = apply_fault(s.fault, s, cfg.vocab_size)
-    pipeline, port = attach_port(s, pipeline, cfg.vocab_size)
-    specs = prompts_for_batch(s.batch, prompts)
-    ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
-    for spec, toks in zip(specs, ids):
-        if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
-            raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
-                             f"(vocab_size {cfg.vocab_size})")
-    if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
-        raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
-    with timed_phase(phases, "engine_build"):
-        engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
-        twin = twin_for(s, engine)
-    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
-                    oracle_device=oracle_device, twin=twin, load_s=phases)
-
-
-def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
-    """The nodes' low-precision twins when the noise-floor verdict judges the run."""
-    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
-        return None
-    # the kernel as made: a pipeline's change to the attention is under test, the twin measures the dtype's noise
-    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len)
-
-
-def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
-           pipeline=None) -> Prepared:
-    """A fresh engine for settings `s` (default: p's own) over p's weights,
-    oracle and, by default, p's pipeline (custom stages and ports included):
-    nothing is read or loaded again, so a localizer or a study of many
-    settings holds one copy of an 8B model's weights and one oracle. The
-    settings must keep p's model, seed, dtype and device."""
-    s = s or p.settings
-    if (s.model, s.seed, s.dtype, s.device, s.sliding_window) != (p.settings.model, p.settings.seed, p.settings.dtype,
-                                                                   p.settings.device, p.settings.sliding_window):
-        raise ValueError("derive keeps the model, seed, dtype, device and window of the run it derives from")
-    specs = prompts_for_batch(s.batch, prompts if prompts is not None else (
-        tuple(p.prompts) if s == p.settings else prompts_of(s)))
-    cfg = p.engine.cfg
-    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
-    backend = p.engine.kernel if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
-    if pipeline is None:
-        pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
-    engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
-    twin = twin_for(s, engine)
-    return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
-                    oracle_device=p.oracle_device, twin=twin)
-
-
-def check_finite_weights(weights: dict, model: str) -> None:
-    """A checkpoint with NaN or Inf in a tensor is bad input, named before anything runs."""
-    for name, w in weights.items():
-        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
-            raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
-
-
-def load_oracle_from(directory, model: str, device: str = "cpu"):
-    """The registered oracle over its own reading of the checkpoint, computing
-    on `device`; a checkpoint it refuses is a usage error."""
-    try:
-        return load_oracle_class().from_checkpoint(directory, device=device)
-    except ValueError as e:
-        raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -389,13 +166,6 @@ def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> C
     writer.write(crash.record(summary.setting))
     writer.write(summary_record(s, summary))
     return summary
-
-
-def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
-    d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
-    return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
-            "settings": s.to_dict(), **d, **provenance(),
-            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter) -> torch.Tensor:

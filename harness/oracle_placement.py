@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ddschema import ModelConfig
 from harness.runner.settings import RunSettings, UsageError
 
 RESERVE_BYTES = 8 << 30   # activations, K/V pools, the float64 prefix cache, allocator slack

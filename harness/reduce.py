@@ -128,14 +128,15 @@ class Reducer:
         self._staging.cleanup()
 
     def _base(self, s: RunSettings, prompts):
-        from harness.check import prepare
+        from harness.prepare import prepare
         if s.model not in self._bases:
             self._bases = {s.model: prepare(s, tuple(prompts))}   # one model held at a time
         return self._bases[s.model]
 
     def fails(self, c: Candidate) -> bool:
         """Run the candidate; True when it fails the same way."""
-        from harness.check import check, derive, prepare
+        from harness.check import check
+        from harness.prepare import derive, prepare
         from harness.cli.common import USAGE_ERRORS
         from harness.ports.attach import SettingSkipped
         from harness.records import RecordWriter
@@ -215,10 +216,11 @@ class Reducer:
 
     def localized(self, c: Candidate) -> tuple[int, str, str | None]:
         """The reduced setting run once more, localized: its first step, one line, the class."""
-        from harness.check import check, derive, prepare
+        from harness.check import check
+        from harness.prepare import derive, prepare
         from harness.records import RecordWriter
         from harness.report.model import describe_first
-        from harness.check import summary_record
+        from harness.check_summary import summary_record
         p = derive(self._base(c.settings, c.prompts), c.settings, c.prompts) if c.settings.impl is None \
             else prepare(c.settings, c.prompts)
         cs = check(p, RecordWriter(None))

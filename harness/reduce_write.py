@@ -131,7 +131,9 @@ from dataclasses import replace
 
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.compare.metrics import compare_node
 from harness.records import RecordWriter
 from harness.runner.settings import PromptSpec, RunSettings

@@ -110,7 +110,9 @@ class SettingResult:
 def run_job(job: SettingJob) -> SettingResult:
     """One setting, in this process. Usage errors come back as data; an
     exception inside the engine is a failing setting (a crash is a finding)."""
-    from harness.check import CheckSummary, check, prepare, summary_record, write_crash_summary
+    from harness.check import check, write_crash_summary
+    from harness.check_summary import CheckSummary, summary_record
+    from harness.prepare import prepare
     from harness.cli.common import USAGE_ERRORS
     from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()

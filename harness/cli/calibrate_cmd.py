@@ -33,7 +33,7 @@ def calibrate(
             settings = [replace(s, model=model) for s in settings]
         if not settings:
             raise ValueError(f"calibrate: {case} has no fault-free setting to measure")
-        from harness.check import prepare
+        from harness.prepare import prepare
         prepare(settings[0])   # bad model input is a usage error before any measuring
     except USAGE_ERRORS as e:
         fail_usage(e)

@@ -1,7 +1,6 @@
 """`ddcheck ports`: the port families and their conventions."""
 from __future__ import annotations
 
-import typer
 from rich.console import Console
 from rich.table import Table
 

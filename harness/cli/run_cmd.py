@@ -10,7 +10,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harness.check import CheckSummary, check, prepare
+from harness.check import check
+
+from harness.check_summary import CheckSummary
+
+from harness.prepare import prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
@@ -120,7 +124,7 @@ def run(
 
 def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
     """A setting the port cannot run: a summary saying why, exit 0 (not a pass, not a failure)."""
-    from harness.check import CheckSummary, summary_record
+    from harness.check_summary import CheckSummary, summary_record
     path = out or default_out(s)
     writer = RecordWriter(path)
     writer.begin_run()

@@ -34,7 +34,8 @@ def first_difference(a: list[dict], b: list[dict]) -> str | None:
 
 
 def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html: Path | None) -> NoReturn:
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.cli.run_cmd import print_summary
     from harness.ports.attach import SettingSkipped
     from rich.console import Console

@@ -103,7 +103,8 @@ def stop_token(s: RunSettings) -> int:
 
 def run_one(s: RunSettings, expected_class: str | None) -> CheckRow | None:
     """None: a port under test cannot run this setting (or the fault's stage is the port's)."""
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
     try:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from harness.ddtree.accept import Acceptance, cut_at_stop, depth_order_parents, greedy_walk, walk_parents
 from harness.ddtree.tree import DraftTree
 

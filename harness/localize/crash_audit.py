@@ -33,7 +33,7 @@ class _Round:            # the parts of a StepResult the verify-input audit read
 def audit_crashed_round(p) -> list[Wrong]:
     """The wrong verify inputs of the round during which the engine raised
     ([] when the re-run does not raise, or its inputs break no rule)."""
-    from harness.check import derive
+    from harness.prepare import derive
     built: dict = {}
     inner = p.engine.pipeline.build_verify_batch
 

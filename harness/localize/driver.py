@@ -42,7 +42,7 @@ def localize(p, first) -> Localization:
     """p: the run's Prepared (its engine already ran; a fresh engine over the
     same weights and pipeline is built);
     first: the run's FirstDivergence."""
-    from harness.check import derive
+    from harness.prepare import derive
     fresh = derive(p)  # the run's weights, oracle and pipeline (custom stages, ports): nothing loaded twice
     engine, oracle, tol = fresh.engine, p.oracle, p.tolerance
     kv = KVAudit()

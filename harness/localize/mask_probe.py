@@ -132,7 +132,7 @@ def diff_request(request: int, vis: Visibility, tree: DraftTree, key_slots: list
     """other_request_slots: the slots the batch's other requests own (their
     committed prefix and their verify rows); a key column holding one of them
     has the role "other request"."""
-    p, n = vis.prefix_len, tree.q_len
+    p = vis.prefix_len
     expected = ancestor_mask(tree, p)
     effective = vis.effective
     read = torch.ones_like(expected)

@@ -71,7 +71,7 @@ def _stamp(views: list[SettingView]) -> str:
 
 # ---------------------------------------------------------------- grid
 
-def _fmt(key: str, value) -> str:
+def _row_label(key: str, value) -> str:
     if key == "cuda_graph":
         return "graph" if value else "eager"
     if key in ("batch",):
@@ -98,7 +98,7 @@ def grid(views: list[SettingView]) -> str:
     out += [f"<th>B {esc(b)}<br>K {esc(k)}</th>" for b, k in cols]
     out.append("</tr></thead><tbody>")
     for r in rows:
-        label = ", ".join(_fmt(k, x) for k, x in zip(row_keys, r))
+        label = ", ".join(_row_label(k, x) for k, x in zip(row_keys, r))
         out.append(f'<tr><th class="row-label">{esc(label)}</th>')
         for c in cols:
             vs = cells.get((r, c), [])

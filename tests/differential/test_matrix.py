@@ -11,7 +11,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.faults import why_cannot_show
 from harness.model.presets import PRESETS
 from harness.records import RecordWriter

@@ -16,7 +16,9 @@ import os
 
 import pytest
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
 

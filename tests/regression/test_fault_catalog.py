@@ -7,7 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.faults.registry import catalog
 from harness.faults.selftest import base_settings, fault_settings, run_one
 from harness.records import RecordWriter

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.cli import _register, app
 from harness.ports.attach import SettingSkipped
 from harness.records import RecordWriter

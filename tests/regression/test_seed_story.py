@@ -7,7 +7,8 @@ import json
 import pytest
 
 from harness.attn.sglang_triton import available
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.faults import why_cannot_show
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings

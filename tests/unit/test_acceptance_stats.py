@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 from harness.cases import CaseError, load_case
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.compare.acceptance_stats import AcceptanceBaseline, AcceptanceTally
 from harness.gate import judge, plan
 from harness.records import RecordWriter

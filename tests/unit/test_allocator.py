@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddschema import ModelConfig
-from harness.check import prepare
+from harness.prepare import prepare
 from harness.mem.pool import PADDING_SLOT, KVPool, OutOfSlots, ReqToTokenPool, SlotAllocator
 from harness.runner.settings import RunSettings
 

@@ -10,7 +10,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from ddschema import weight_names
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.model.presets import ModelLoadError, config_from_hf, load_checkpoint, random_weights
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings

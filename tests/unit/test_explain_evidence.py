@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check, derive, prepare
+from harness.check import check
+
+from harness.prepare import derive, prepare
 from harness.ddtree.accept import Acceptance, greedy_walk
 from harness.ddtree.mask import flatten_blocks, request_mask_block
 from harness.ddtree.verify_inputs import build_verify_batch

@@ -286,7 +286,8 @@ def test_an_acceptance_two_mechanisms_explain_is_ambiguous_until_a_later_round_n
 
 def test_the_localizer_reads_on_past_an_ambiguous_acceptance():
     """Seed 2: the first wrong acceptance fits both walks; a later round's fits only the depth-order one."""
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.records import RecordWriter
     s = RunSettings(backend="torch", topk=2, seed=2, max_new_tokens=24, fault="accept-topology-mismatch")
     summary = check(prepare(s), RecordWriter(None))

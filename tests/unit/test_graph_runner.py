@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check import prepare
+from harness.prepare import prepare
 from harness.mem.pool import PADDING_SLOT
 from harness.runner.graph import GraphRunner, capture_buckets
 from harness.runner.settings import RunSettings

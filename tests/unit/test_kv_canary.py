@@ -10,7 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.mem.provenance import BATCH_PADDING, FREE, SlotProvenance
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings

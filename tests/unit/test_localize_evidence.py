@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from harness.attn import make_backend
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import build_verify_batch

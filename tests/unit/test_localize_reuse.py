@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-import harness.check as check_module
-from harness.check import check, derive, prepare
+import harness.prepare as prepare_module
+from harness.check import check
+from harness.prepare import derive, prepare
 from harness.faults.one_key import ONE_KEY_LEAKS
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
@@ -21,8 +22,8 @@ def test_a_custom_mask_stage_is_localized_without_reloading(monkeypatch):
 
     def no_second_load(*a, **k):
         raise AssertionError("the localizer loaded the checkpoint again")
-    monkeypatch.setattr(check_module, "load_checkpoint", no_second_load)
-    monkeypatch.setattr(check_module, "load_oracle_from", no_second_load)
+    monkeypatch.setattr(prepare_module, "load_checkpoint", no_second_load)
+    monkeypatch.setattr(prepare_module, "load_oracle_from", no_second_load)
     w = RecordWriter(None)
     summary = check(p, w)
     assert not summary.passed

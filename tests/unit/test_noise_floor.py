@@ -7,7 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.compare.metrics import compare_node
 from harness.compare.noise_floor import NOISE_FLOOR, NoiseFloorRule, verdict_rule
 from harness.faults.one_key import ONE_KEY_LEAKS

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from ddschema import RopeScaling, weight_names
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.model import presets
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
@@ -181,7 +182,7 @@ def test_loader_rounding_a_tensor_is_a_weights_divergence(monkeypatch, tmp_path)
         cfg, weights = original(path)
         return cfg, {**weights, target: weights[target].bfloat16().float()}
 
-    monkeypatch.setattr("harness.check.load_checkpoint", lossy)
+    monkeypatch.setattr("harness.prepare.load_checkpoint", lossy)
     summary, records = run_with(monkeypatch, tmp_path, "qwen3-bias")
     assert summary.first.what == "weights" and summary.fault_class == "weights"
     assert target in summary.explanation

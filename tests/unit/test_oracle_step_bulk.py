@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check import prepare
+from harness.prepare import prepare
 from harness.compare.metrics import compare_node, compare_rows
 from harness.ddtree.verify_inputs import prefill_metadata
 from harness.mem.pool import KVPool

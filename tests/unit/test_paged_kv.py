@@ -11,7 +11,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.ddtree.accept import Acceptance
 from harness.ddtree.commit_paged import commit_paged, compaction_plan
 from harness.ddtree.tree import DraftTree

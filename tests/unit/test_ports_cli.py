@@ -75,7 +75,8 @@ def test_case_file_impl_is_relative_to_the_case(tmp_path):
 
 
 def test_dflash2_beam_compile_on_cpu_names_the_missing_kernel():
-    from harness.check import check, prepare
+    from harness.check import check
+    from harness.prepare import prepare
     from harness.records import RecordWriter
     from harness.runner.settings import RunSettings
     for fixture, ok in (("faithful", True), ("ancestor_one_short", False)):

@@ -26,6 +26,13 @@ def test_grid_cells_link_to_their_details(tmp_path):
         assert f'<section class="setting' in html and f'id="{anchor}"' in html
 
 
+def test_grid_rows_are_labelled_by_their_settings_values(tmp_path):
+    html = _render(tmp_path, [summary("ddcheck run --cuda-graph", True, cuda_graph=True, batch=2),
+                              summary("ddcheck run --no-cuda-graph", True, cuda_graph=False, batch=1)])
+    labels = re.findall(r'<th class="row-label">([^<]*)</th>', html)
+    assert sorted(labels) == ["bs 1, eager", "bs 2, graph"]
+
+
 def test_failing_setting_shows_masks_tree_charts_streams_and_command(tmp_path):
     html = _render(tmp_path, failing_records())
     probe = mask_probe()

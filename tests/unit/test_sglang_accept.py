@@ -9,7 +9,9 @@ import random
 import pytest
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
 from harness.ddtree import accept_sglang

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from harness.attn import make_backend
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.model.presets import load_model
 from harness.records import RecordWriter
 from harness.runner.engine import Engine

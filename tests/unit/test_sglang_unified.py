@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from harness.attn import make_backend
-from harness.check import check, derive, prepare
+from harness.check import check
+from harness.prepare import derive, prepare
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings
 from test_sglang_mask_regions import block_first_prefix_key

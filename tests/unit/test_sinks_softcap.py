@@ -15,7 +15,8 @@ import torch
 from ddschema import weight_names
 from harness.attn.base import LayerAttention
 from harness.attn.torch_backend import _attend
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.faults.catalog import _SinksFirstRowOnly
 from harness.model.hf_config import config_from_hf
 from harness.model.presets import PRESETS, load_checkpoint, random_weights, write_checkpoint
@@ -92,7 +93,7 @@ def test_a_checkpoint_with_sinks_in_some_layers_only_is_refused(tmp_path):
 def _run(model: str, backend: str = "torch", attention=None, localize: bool = True, **kw):
     p = prepare(RunSettings(model=model, backend=backend, budget=8, max_new_tokens=10, **kw))
     if attention is not None:
-        from harness.check import derive
+        from harness.prepare import derive
         p = derive(p, pipeline=replace(p.engine.pipeline, attention=attention))
     return check(p, RecordWriter(None), localize=localize)
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 import harness.cli as cli
 from ddschema import ModelConfig
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.model.hf_config import config_from_hf, config_to_hf
 from harness.model.presets import PRESETS, random_weights
 from harness.records import RecordWriter

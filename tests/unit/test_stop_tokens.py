@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from harness.check import check, cut_stream, prepare
+from harness.check import check, cut_stream
+
+from harness.prepare import prepare
 from harness.ddtree.accept import Acceptance, cut_at_stop
 from harness.ddtree.tree import DraftTree
 from harness.faults.selftest import base_settings, stop_token

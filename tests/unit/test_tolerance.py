@@ -4,7 +4,8 @@ import json
 import pytest
 
 from harness.attn import sglang_triton
-from harness.check import check, prepare
+from harness.check import check
+from harness.prepare import prepare
 from harness.compare.tolerance import REL_TOL, matmul_precision, rel_tolerance
 from harness.records import RecordWriter
 from harness.runner.settings import RunSettings

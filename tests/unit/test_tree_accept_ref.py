@@ -12,7 +12,9 @@ import math
 import pytest
 import torch
 
-from harness.check import check, prepare
+from harness.check import check
+
+from harness.prepare import prepare
 from harness.compare.tree_accept import check_acceptance
 from harness.records import RecordWriter
 from harness.runner import engine as engine_module
@@ -71,7 +73,7 @@ def run(monkeypatch=None, setting=SETTING, **stages):
     """check() with some pipeline stages swapped (as a fault or a port would)."""
     if stages:
         pipeline = dataclasses.replace(Pipeline(), **stages)
-        monkeypatch.setattr("harness.check.apply_fault", lambda fault, s, vocab: pipeline)
+        monkeypatch.setattr("harness.prepare.apply_fault", lambda fault, s, vocab: pipeline)
     writer = RecordWriter(None)
     summary = check(prepare(setting), writer, localize=False)
     return summary, [json.loads(line) for line in writer.lines]

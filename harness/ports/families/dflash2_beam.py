@@ -59,7 +59,6 @@ class DFlash2Beam:
                                  for m in self.stubbed)
 
     def compile(self, trees: list[DraftTree], prefix_lens: list[int]) -> CompiledVerify:
-        q = trees[0].q_len
         parents = torch.tensor([[-1] + list(t.parents[1:]) + [-1] * t.num_padding for t in trees])  # [bs, N]
         anc = self.fn_anc(node_parents=parents, max_depth=max(max(t.depths) for t in trees))
         mask = self.fn_full(ancestor_mask=anc, prefix_lens_cpu=torch.tensor(prefix_lens, dtype=torch.int64))

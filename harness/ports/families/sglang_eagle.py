@@ -19,7 +19,6 @@ trees would be padded are skipped.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import torch
 

@@ -1,0 +1,148 @@
+"""Everything a differential run needs, validated before anything runs or
+is written: both sides' readings of the checkpoint and their agreement, the
+backend, the pipeline (faults, a port), the prompts, the engine and the
+nodes' low-precision twins; `derive` makes another setting's run over the
+same weights and oracle."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.attn import make_backend
+from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
+from harness.compare.tolerance import matmul_precision, rel_tolerance
+from harness.faults import apply_fault
+from harness.load_agreement import LoadMismatch, compare_loaded
+from harness.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
+from harness.oracle_lookup import load_oracle_class
+from harness.oracle_placement import choose_oracle_device, place_weights
+from harness.ports.attach import PortRun, attach_port
+from harness.runner.causal_twin import CausalTwin
+from harness.runner.engine import Engine
+from harness.runner.prompt_sources import prompts_of
+from harness.runner.settings import PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
+from harness.step_clock import timed_phase
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything validated before anything runs or is written."""
+
+    settings: RunSettings
+    engine: Engine
+    oracle: object
+    prompts: list[PromptSpec]
+    prompt_ids: list[list[int]]
+    port: PortRun | None = None
+    load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
+    oracle_device: str = "cpu"   # where the float64 oracle computes
+    twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
+    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (timed_phase)
+
+    @property
+    def rule(self) -> NoiseFloorRule | None:
+        """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
+        s = self.settings
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
+
+    @property
+    def tolerance(self) -> float:
+        """Relative logit tolerance for this run: the settings' own if given,
+        the noise-floor rule's ceiling when it judges, else by dtype and by
+        what the backend multiplies in (TF32 for SGLang's kernel on CUDA in
+        float32)."""
+        if self.rule is not None:
+            return self.rule.ceiling
+        if self.settings.tolerance is not None:
+            return self.settings.tolerance
+        return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
+
+
+def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
+    """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
+    the given ones, else the settings' (harness/runner/prompt_sources.py)."""
+    if prompts is None:
+        prompts = prompts_of(s)
+    phases: dict[str, float] = {}
+    with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
+        with timed_phase(phases, "engine_load"):
+            cfg, weights = load_checkpoint(directory)
+            weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
+            check_finite_weights(weights, s.model)
+        oracle_device = choose_oracle_device(s, weights)
+        with timed_phase(phases, "oracle_load"):
+            oracle = load_oracle_from(directory, s.model, oracle_device)
+    with timed_phase(phases, "load_agreement"):
+        load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+    if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
+        from harness.attn.sglang_triton import float32_dots
+        float32_dots(s.tf32)
+    with timed_phase(phases, "backend"):
+        backend = make_backend(s.backend, s.device, s.torch_dtype)
+    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
+        raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
+                         "reads indptrs on the host (use --backend sglang-triton)")
+    pipeline = apply_fault(s.fault, s, cfg.vocab_size)
+    pipeline, port = attach_port(s, pipeline, cfg.vocab_size)
+    specs = prompts_for_batch(s.batch, prompts)
+    ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
+    for spec, toks in zip(specs, ids):
+        if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
+            raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
+                             f"(vocab_size {cfg.vocab_size})")
+    if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
+        raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
+    with timed_phase(phases, "engine_build"):
+        engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
+        twin = twin_for(s, engine)
+    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
+                    oracle_device=oracle_device, twin=twin, load_s=phases)
+
+
+def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
+    """The nodes' low-precision twins when the noise-floor verdict judges the run."""
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
+        return None
+    # the kernel as made: a pipeline's change to the attention is under test, the twin measures the dtype's noise
+    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len)
+
+
+def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
+           pipeline=None) -> Prepared:
+    """A fresh engine for settings `s` (default: p's own) over p's weights,
+    oracle and, by default, p's pipeline (custom stages and ports included):
+    nothing is read or loaded again, so a localizer or a study of many
+    settings holds one copy of an 8B model's weights and one oracle. The
+    settings must keep p's model, seed, dtype and device."""
+    s = s or p.settings
+    if (s.model, s.seed, s.dtype, s.device, s.sliding_window) != (p.settings.model, p.settings.seed, p.settings.dtype,
+                                                                   p.settings.device, p.settings.sliding_window):
+        raise ValueError("derive keeps the model, seed, dtype, device and window of the run it derives from")
+    specs = prompts_for_batch(s.batch, prompts if prompts is not None else (
+        tuple(p.prompts) if s == p.settings else prompts_of(s)))
+    cfg = p.engine.cfg
+    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
+    backend = p.engine.kernel if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
+    if pipeline is None:
+        pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
+    engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
+    twin = twin_for(s, engine)
+    return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
+                    oracle_device=p.oracle_device, twin=twin)
+
+
+def check_finite_weights(weights: dict, model: str) -> None:
+    """A checkpoint with NaN or Inf in a tensor is bad input, named before anything runs."""
+    for name, w in weights.items():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
+
+
+def load_oracle_from(directory, model: str, device: str = "cpu"):
+    """The registered oracle over its own reading of the checkpoint, computing
+    on `device`; a checkpoint it refuses is a usage error."""
+    try:
+        return load_oracle_class().from_checkpoint(directory, device=device)
+    except ValueError as e:
+        raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None
