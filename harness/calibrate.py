@@ -60,14 +60,15 @@ def calibration_settings(case) -> list[RunSettings]:
 
 def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
     from harness.check import check
-    from harness.prepare import prepare
+    from harness.prepare import LoadCache
     from harness.records import RecordWriter
+    loads = LoadCache()   # a case's settings of one model read its checkpoint once
     errs: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
     counts: dict[str, list[int]] = {}
     for i, s in enumerate(settings):
         w = RecordWriter(None)
-        summary = check(prepare(s), w, localize=False)
+        summary = check(loads.prepare(s), w, localize=False)
         nodes = [r for r in map(json.loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
         errs.setdefault(s.dtype, []).extend(float(r["rel_err"]) for r in nodes if isinstance(r["rel_err"], float))
         ratios.setdefault(s.dtype, []).extend(r["noise_ratio"] for r in nodes if r.get("noise_ratio") is not None)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddschema import ModelConfig
 from harness.attn import make_backend
 from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
 from harness.compare.tolerance import matmul_precision, rel_tolerance
@@ -25,20 +26,50 @@ from harness.runner.settings import PromptSpec, RunSettings, UsageError, prompt_
 from harness.step_clock import timed_phase
 
 
+def load_key(s: RunSettings) -> tuple:
+    """What a checkpoint's reading depends on: settings with the same key share one `Loaded`."""
+    return s.model, s.seed, s.dtype, s.device, s.sliding_window, s.oracle_device
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One checkpoint read by both sides and checked: the engine's tensors
+    (the checkpoint's dtype, on the run's device), the float64 oracle over
+    its own reading, and where the two disagree."""
+
+    key: tuple                     # load_key of the settings it was read for
+    cfg: ModelConfig               # the engine's parsing of config.json
+    weights: dict[str, torch.Tensor]
+    oracle: object
+    oracle_device: str             # where the float64 oracle computes
+    load_mismatches: tuple[LoadMismatch, ...]   # the engine's loader against the oracle's own reading
+    load_s: dict                   # wall seconds of each loading phase (timed_phase)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """Everything validated before anything runs or is written."""
 
     settings: RunSettings
     engine: Engine
-    oracle: object
+    loaded: Loaded
     prompts: list[PromptSpec]
     prompt_ids: list[list[int]]
     port: PortRun | None = None
-    load_mismatches: tuple[LoadMismatch, ...] = ()  # the engine's loader against the oracle's own reading
-    oracle_device: str = "cpu"   # where the float64 oracle computes
     twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
-    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (timed_phase)
+    load_s: dict = field(default_factory=dict)   # this run's loading phases; empty when it reused a reading
+
+    @property
+    def oracle(self):
+        return self.loaded.oracle
+
+    @property
+    def oracle_device(self) -> str:
+        return self.loaded.oracle_device
+
+    @property
+    def load_mismatches(self) -> tuple[LoadMismatch, ...]:
+        return self.loaded.load_mismatches
 
     @property
     def rule(self) -> NoiseFloorRule | None:
@@ -62,8 +93,14 @@ class Prepared:
 def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
     """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
     the given ones, else the settings' (harness/runner/prompt_sources.py)."""
-    if prompts is None:
-        prompts = prompts_of(s)
+    loaded = load(s)
+    return build(s, loaded, prompts, load_s=loaded.load_s)
+
+
+def load(s: RunSettings) -> Loaded:
+    """Both sides read the checkpoint (a preset is first written out as one),
+    the engine's tensors are checked finite, the oracle goes where it fits,
+    and the two readings are compared."""
     phases: dict[str, float] = {}
     with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
         with timed_phase(phases, "engine_load"):
@@ -75,18 +112,32 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
             oracle = load_oracle_from(directory, s.model, oracle_device)
     with timed_phase(phases, "load_agreement"):
         load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+    return Loaded(load_key(s), cfg, weights, oracle, oracle_device, load_mismatches, phases)
+
+
+def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None = None, pipeline=None,
+          port: PortRun | None = None, backend=None, load_s: dict | None = None) -> Prepared:
+    """One setting's engine over a checkpoint already read: the backend (or
+    the one given), the pipeline (the given one, else the setting's fault and
+    port), the prompts checked against the vocabulary, and the twins."""
+    if load_key(s) != loaded.key:
+        raise ValueError("a reading of a checkpoint serves only settings with its model, seed, dtype, device, "
+                         "window and oracle device")
+    phases = dict(load_s or {})
+    cfg = loaded.cfg
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
         from harness.attn.sglang_triton import float32_dots
         float32_dots(s.tf32)
-    with timed_phase(phases, "backend"):
-        backend = make_backend(s.backend, s.device, s.torch_dtype)
+    if backend is None:
+        with timed_phase(phases, "backend"):
+            backend = make_backend(s.backend, s.device, s.torch_dtype)
     if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
         raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
                          "reads indptrs on the host (use --backend sglang-triton)")
-    pipeline = apply_fault(s.fault, s, cfg.vocab_size)
-    pipeline, port = attach_port(s, pipeline, cfg.vocab_size)
-    specs = prompts_for_batch(s.batch, prompts)
-    ids = [prompt_tokens(p, i, cfg.vocab_size, s.seed) for i, p in enumerate(specs)]
+    if pipeline is None:
+        pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
+    specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s))
+    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
     for spec, toks in zip(specs, ids):
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
@@ -94,10 +145,9 @@ def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Pr
     if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
         raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     with timed_phase(phases, "engine_build"):
-        engine = Engine(s, cfg, weights, backend, specs, ids, pipeline)
+        engine = Engine(s, cfg, loaded.weights, backend, specs, ids, pipeline)  # the same tensors in the run dtype
         twin = twin_for(s, engine)
-    return Prepared(s, engine, oracle, specs, ids, load_mismatches=load_mismatches, port=port,
-                    oracle_device=oracle_device, twin=twin, load_s=phases)
+    return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})
 
 
 def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
@@ -110,26 +160,42 @@ def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
 
 def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
            pipeline=None) -> Prepared:
-    """A fresh engine for settings `s` (default: p's own) over p's weights,
-    oracle and, by default, p's pipeline (custom stages and ports included):
-    nothing is read or loaded again, so a localizer or a study of many
-    settings holds one copy of an 8B model's weights and one oracle. The
-    settings must keep p's model, seed, dtype and device."""
+    """A fresh engine for settings `s` (default: p's own) over p's reading of
+    the checkpoint: nothing is read or loaded again, so a localizer or a
+    study of many settings holds one copy of an 8B model's weights and one
+    oracle. p's own settings keep p's pipeline (custom stages and its port)
+    unless `pipeline` is given; other settings get their own fault and port.
+    The settings must keep p's load_key."""
     s = s or p.settings
-    if (s.model, s.seed, s.dtype, s.device, s.sliding_window) != (p.settings.model, p.settings.seed, p.settings.dtype,
-                                                                   p.settings.device, p.settings.sliding_window):
-        raise ValueError("derive keeps the model, seed, dtype, device and window of the run it derives from")
-    specs = prompts_for_batch(s.batch, prompts if prompts is not None else (
-        tuple(p.prompts) if s == p.settings else prompts_of(s)))
-    cfg = p.engine.cfg
-    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
-    backend = p.engine.kernel if s.backend == p.settings.backend else make_backend(s.backend, s.device, s.torch_dtype)
+    same = s == p.settings
+    if load_key(s) != p.loaded.key:
+        raise ValueError("derive keeps the model, seed, dtype, device, window and oracle device of the run it "
+                         "derives from")
+    if prompts is None and same:
+        prompts = tuple(p.prompts)
+    if pipeline is None and same:
+        pipeline = p.engine.pipeline
+    port = p.port if same else None
     if pipeline is None:
-        pipeline = p.engine.pipeline if s == p.settings else apply_fault(s.fault, s, cfg.vocab_size)
-    engine = Engine(s, cfg, p.engine.model.w, backend, specs, ids, pipeline)  # the same tensors, not copies
-    twin = twin_for(s, engine)
-    return Prepared(s, engine, p.oracle, specs, ids, port=p.port if s == p.settings else None,
-                    oracle_device=p.oracle_device, twin=twin)
+        port = None   # build attaches the setting's own
+    backend = p.engine.kernel if s.backend == p.settings.backend else None
+    return build(s, p.loaded, prompts, pipeline=pipeline, port=port, backend=backend)
+
+
+class LoadCache:
+    """One checkpoint reading held at a time: consecutive settings with the
+    same load_key read the checkpoint once (a sweep over an 8B checkpoint, a
+    reducer's candidates). Each Prepared says whether it loaded (load_s)."""
+
+    def __init__(self) -> None:
+        self.loaded: Loaded | None = None
+
+    def prepare(self, s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
+        if self.loaded is not None and self.loaded.key == load_key(s):
+            return build(s, self.loaded, prompts)
+        self.loaded = None   # the last model goes before the next is read
+        self.loaded = load(s)
+        return build(s, self.loaded, prompts, load_s=self.loaded.load_s)
 
 
 def check_finite_weights(weights: dict, model: str) -> None:

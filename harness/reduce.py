@@ -115,9 +115,10 @@ class Reducer:
         self.last = ""
         self.kind = failure_kind((summary.get("first") or {}).get("what"), summary.get("audit_errors", 0))
         self._staging = tempfile.TemporaryDirectory(prefix="ddcheck-reduce-")
-        self._bases: dict = {}
+        from harness.prepare import LoadCache
+        self._loads = LoadCache()   # one model held at a time; its candidates read it once
         self.runs = 0
-        base = self._base(replace(s, stop_after=1), prompts_for_batch(s.batch, prompts_of(s)))
+        base = self._loads.prepare(replace(s, stop_after=1), prompts_for_batch(s.batch, prompts_of(s)))
         vocab, cfg = base.engine.cfg.vocab_size, base.engine.cfg
         prompts = tuple(PromptSpec(p.name, p.length, p.accuracy, tuple(prompt_tokens(p, i, vocab, s.seed)))
                         for i, p in enumerate(base.prompts))   # explicit tokens: a request keeps its prompt
@@ -127,26 +128,15 @@ class Reducer:
     def close(self) -> None:
         self._staging.cleanup()
 
-    def _base(self, s: RunSettings, prompts):
-        from harness.prepare import prepare
-        if s.model not in self._bases:
-            self._bases = {s.model: prepare(s, tuple(prompts))}   # one model held at a time
-        return self._bases[s.model]
-
     def fails(self, c: Candidate) -> bool:
         """Run the candidate; True when it fails the same way."""
         from harness.check import check
-        from harness.prepare import derive, prepare
         from harness.cli.common import USAGE_ERRORS
         from harness.ports.attach import SettingSkipped
         from harness.records import RecordWriter
         self.runs += 1
         try:
-            if c.settings.impl is None:
-                base = self._base(c.settings, c.prompts)
-                p = derive(base, c.settings, c.prompts)
-            else:
-                p = prepare(c.settings, c.prompts)
+            p = self._loads.prepare(c.settings, c.prompts)
             cs = check(p, RecordWriter(None), localize=False)
         except (SettingSkipped, *USAGE_ERRORS) as e:
             self.last = f"cannot run ({e})"
@@ -217,12 +207,10 @@ class Reducer:
     def localized(self, c: Candidate) -> tuple[int, str, str | None]:
         """The reduced setting run once more, localized: its first step, one line, the class."""
         from harness.check import check
-        from harness.prepare import derive, prepare
         from harness.records import RecordWriter
         from harness.report.model import describe_first
         from harness.check_summary import summary_record
-        p = derive(self._base(c.settings, c.prompts), c.settings, c.prompts) if c.settings.impl is None \
-            else prepare(c.settings, c.prompts)
+        p = self._loads.prepare(c.settings, c.prompts)
         cs = check(p, RecordWriter(None))
         step = cs.first.step if cs.first and cs.first.what in ("node", "padding", "batch-padding") else -1
         return step, describe_first(summary_record(c.settings, cs)), cs.fault_class

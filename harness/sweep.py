@@ -107,19 +107,21 @@ class SettingResult:
         return self.usage_error is None and bool(self.summary.get("passed"))
 
 
-def run_job(job: SettingJob) -> SettingResult:
+def run_job(job: SettingJob, loads=None) -> SettingResult:
     """One setting, in this process. Usage errors come back as data; an
-    exception inside the engine is a failing setting (a crash is a finding)."""
+    exception inside the engine is a failing setting (a crash is a finding).
+    loads: a harness.prepare.LoadCache the caller's settings share (one
+    reading of a checkpoint for consecutive settings of the same model)."""
     from harness.check import check, write_crash_summary
     from harness.check_summary import CheckSummary, summary_record
-    from harness.prepare import prepare
+    from harness.prepare import LoadCache
     from harness.cli.common import USAGE_ERRORS
     from harness.ports.attach import SettingSkipped
     t0 = time.perf_counter()
     s = job.settings
     writer = RecordWriter(None)
     try:
-        prepared = prepare(s, job.prompts)
+        prepared = (loads or LoadCache()).prepare(s, job.prompts)
     except SettingSkipped as e:   # the port cannot run this setting: a summary that says why
         writer.begin_run()
         writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
@@ -212,16 +214,37 @@ def run_jobs(jobs: list[SettingJob], n_jobs: int,
         if on_done:
             on_done(by_index[r.index], r)
 
-    ordered = sorted(jobs, key=lambda j: -j.cost)
+    read_once = [j for j in jobs if reads_checkpoint(j)]
+    ordered = sorted((j for j in jobs if not reads_checkpoint(j)), key=lambda j: -j.cost)
     try:
-        if n_jobs <= 1 or len(jobs) <= 1:
+        if n_jobs <= 1 or len(ordered) <= 1:
             for job in ordered:
                 done(run_job(job))
         else:
             _run_pool(ordered, n_jobs, done)
+        run_reading_once(read_once, done)
     except KeyboardInterrupt:
         raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None
     return [results[j.index] for j in jobs]
+
+
+def reads_checkpoint(job: SettingJob) -> bool:
+    """A checkpoint directory, not a preset: reading it costs seconds to
+    minutes and, on a GPU, its memory; its settings share one reading."""
+    from harness.model.presets import PRESETS
+    return job.settings.model not in PRESETS
+
+
+def run_reading_once(jobs: list[SettingJob], done) -> None:
+    """Settings of checkpoint directories, in this process, grouped by what
+    the reading depends on (harness.prepare.load_key): each checkpoint is
+    read once and held alone; a worker per setting would read it once each,
+    and on one GPU hold it once each."""
+    from harness.prepare import LoadCache, load_key
+    loads = LoadCache()
+    for job in sorted(jobs, key=lambda j: (repr(load_key(j.settings)), -j.cost)):
+        done(run_job(job, loads))
+    loads.loaded = None
 
 
 def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:

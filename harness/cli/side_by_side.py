@@ -35,15 +35,15 @@ def first_difference(a: list[dict], b: list[dict]) -> str | None:
 
 def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html: Path | None) -> NoReturn:
     from harness.check import check
-    from harness.prepare import prepare
+    from harness.prepare import LoadCache
     from harness.cli.run_cmd import print_summary
     from harness.ports.attach import SettingSkipped
     from rich.console import Console
-    prepared = []
+    prepared, loads = [], LoadCache()   # one reading of the checkpoint under every port
     for impl in impls:   # every port loads (and its settings validate) before anything runs
         s = replace(base, impl=impl)
         try:
-            prepared.append((impl, prepare(s)))
+            prepared.append((impl, loads.prepare(s)))
         except SettingSkipped as e:
             typer.echo(f"SKIP {impl}: {e}")
     from harness.cli.common import clear_stale
