@@ -2,9 +2,11 @@
 settings spread over a process pool, one JSONL, a summary table."""
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -106,6 +108,25 @@ def print_frame(jobs: list[SettingJob], results: list[SettingResult], title: str
                         "catalog entry says (not a failure); [red]MISSED[/]: it was not", highlight=False)
 
 
+def leave_after_interrupt(code: int, grace_s: float = 10.0) -> NoReturn:
+    """Exit with `code`, everything written. The process pool's manager
+    thread, left with terminated workers, is given `grace_s` to wind down;
+    the interpreter's exit would join it without a limit, and that join can
+    block for good (a fresh-clone CI run on 2 loaded cores hung there after
+    printing the interrupted line), so past the grace the exit skips it."""
+    import threading
+    import time
+    sys.stdout.flush()
+    sys.stderr.flush()
+    deadline = time.monotonic() + grace_s
+    others = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
+    for t in others:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in others):
+        os._exit(code)
+    raise typer.Exit(code)
+
+
 def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | None = None) -> list[SettingResult]:
     """Run every setting; a usage error met inside a worker is exit 2. Ctrl-C:
     the finished settings' records go to `out` with an `interrupted` record
@@ -118,7 +139,7 @@ def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | Non
             write_jsonl(e.finished, out, interrupted=(len(e.finished), e.total))
         typer.echo(f"{title}: interrupted: {len(e.finished)} of {e.total} settings finished"
                    + (f"; their records in {out} (incomplete)" if out is not None else ""), err=True)
-        raise typer.Exit(130)
+        leave_after_interrupt(130)
     err = next((f"{r.usage_error} (setting: {r.setting})" for r in results if r.usage_error), None)
     if err:
         fail_usage(UsageError(err))

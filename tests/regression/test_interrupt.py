@@ -94,3 +94,15 @@ def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
             w.kill()
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "c.toml")
     assert left == [], left
+
+
+def test_an_interrupted_sweep_exits_even_when_a_pool_thread_never_ends():
+    """The exit after Ctrl-C gives the pool's threads a grace, then leaves
+    without joining them: a thread that never ends (as the pool's manager
+    did once, left with terminated workers) cannot hold the exit."""
+    code = ("import threading, time\n"
+            "from harness.cli.sweep_cmd import leave_after_interrupt\n"
+            "threading.Thread(target=lambda: time.sleep(3600)).start()   # not a daemon: exit would join it\n"
+            "leave_after_interrupt(130, grace_s=0.5)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
