@@ -22,7 +22,8 @@ from harness.ports.attach import PortRun, attach_port
 from harness.runner.causal_twin import CausalTwin
 from harness.runner.engine import Engine
 from harness.runner.prompt_sources import prompts_of
-from harness.runner.settings import PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
+from harness.runner.settings import (NotRunnableHere, PromptSpec, RunSettings, UsageError, prompt_tokens,
+                                     prompts_for_batch)
 from harness.step_clock import timed_phase
 
 
@@ -131,9 +132,7 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     if backend is None:
         with timed_phase(phases, "backend"):
             backend = make_backend(s.backend, s.device, s.torch_dtype)
-    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
-        raise UsageError(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
-                         "reads indptrs on the host (use --backend sglang-triton)")
+    check_capturable(s, backend)
     if pipeline is None:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s))
@@ -148,6 +147,13 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
         engine = Engine(s, cfg, loaded.weights, backend, specs, ids, pipeline)  # shared; cast only off the run dtype
         twin = twin_for(s, engine)
     return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})
+
+
+def check_capturable(s: RunSettings, backend) -> None:
+    """Real CUDA graphs need a backend that reads no indptr on the host."""
+    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
+        raise NotRunnableHere(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
+                              "reads indptrs on the host (use --backend sglang-triton)")
 
 
 def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:

@@ -19,7 +19,7 @@ from typing import Callable
 
 from harness.records import RecordWriter
 from harness.report.model import expected_fault_caught
-from harness.runner.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, UsageError
+from harness.runner.settings import DEFAULT_PROMPTS, NotRunnableHere, PromptSpec, RunSettings, UsageError
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     writer = RecordWriter(None)
     try:
         prepared = (loads or LoadCache()).prepare(s, job.prompts)
-    except SettingSkipped as e:   # the port cannot run this setting: a summary that says why
+    except (SettingSkipped, NotRunnableHere) as e:   # the port or this machine cannot run it: a summary saying why
         writer.begin_run()
         writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
         return SettingResult(job.index, s.command(), json.loads(writer.lines[-1]), None, tuple(writer.lines),

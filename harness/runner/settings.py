@@ -15,6 +15,12 @@ class UsageError(ValueError):
     """Bad input from the user: one line, exit code 2."""
 
 
+class NotRunnableHere(UsageError):
+    """A setting this device and backend cannot run together: a usage error
+    for one run (exit 2), a skip with the reason in a sweep or gate matrix
+    (a case's axes crossed on a machine that cannot run every corner)."""
+
+
 # The largest value each numeric option takes (issue 12: --block-size 100000 was
 # accepted and ran for minutes). Far above any setting DDTree is run at, low
 # enough that a run of it ends; case files and sweep lists are held to the same.

@@ -66,3 +66,28 @@ def test_a_reading_serves_only_its_own_key(counted_reads):
     cache.prepare(replace(s, budget=8))
     cache.prepare(replace(s, seed=2))
     assert len(counted_reads) == 1 + 2
+
+
+def test_torch_under_real_cuda_graphs_is_a_usage_error_for_a_run():
+    from harness.attn import make_backend
+    from harness.prepare import check_capturable
+    from harness.runner.settings import NotRunnableHere, UsageError
+    s = RunSettings(backend="torch", cuda_graph=True, device="cuda")
+    torch_backend = make_backend("torch", "cpu", s.torch_dtype)   # the same backend object: reads indptrs on the host
+    with pytest.raises(NotRunnableHere, match="can be captured") as e:
+        check_capturable(s, torch_backend)
+    assert isinstance(e.value, UsageError)                        # `run` exits 2 on it
+    check_capturable(replace(s, device="cpu"), torch_backend)      # the CPU's graph runner replays the closure
+
+
+def test_a_matrix_setting_this_machine_cannot_run_is_a_skip_not_an_error(monkeypatch):
+    from harness.runner.settings import NotRunnableHere
+    from harness.sweep import run_job, verdict
+
+    def cannot(self, s, prompts=None):
+        raise NotRunnableHere("--cuda-graph on CUDA needs a backend that can be captured")
+    monkeypatch.setattr(LoadCache, "prepare", cannot)
+    job = SettingJob(0, RunSettings(backend="torch", cuda_graph=True))
+    r = run_job(job)
+    assert r.usage_error is None and verdict(job, r) == "skip"
+    assert "can be captured" in r.summary["skipped"]
