@@ -24,6 +24,7 @@ class Verdict:
     passed: bool
     message: str        # first divergence / explanation, or why the fault was not caught
     seconds: float
+    skipped: bool = False   # not run here (a port or this machine cannot run it): neither a pass nor a failure
 
 
 def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
@@ -63,6 +64,11 @@ def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]
         name = f"{job.label}: {short_label(s)}"
         first = describe_first(r.summary)
         explanation = (r.localize or {}).get("explanation") or r.summary.get("explanation")
+        kind = "setting" if job.expect_fault is None else "fault"
+        if r.summary.get("skipped"):   # nothing was compared: no acceptance, no fault caught or missed
+            out.append(Verdict(job.case, kind, name, r.setting, True, f"skipped: {r.summary['skipped']}", r.wall_s,
+                               skipped=True))
+            continue
         if job.expect_fault is None:
             passed, msg = r.passed, ""
             if not r.passed:
@@ -89,15 +95,18 @@ def junit_xml(verdicts: list[Verdict], wall_s: float) -> str:
     """One testsuite per case, one testcase per setting and per expected fault
     (classname = case name), the first divergence or explanation in the failure message."""
     root = ET.Element("testsuites", name="ddcheck gate", tests=str(len(verdicts)),
-                      failures=str(sum(not v.passed for v in verdicts)), time=f"{wall_s:.1f}")
+                      failures=str(sum(not v.passed for v in verdicts)),
+                      skipped=str(sum(v.skipped for v in verdicts)), time=f"{wall_s:.1f}")
     for case in dict.fromkeys(v.case for v in verdicts):
         mine = [v for v in verdicts if v.case == case]
         suite = ET.SubElement(root, "testsuite", name=case, tests=str(len(mine)),
-                              failures=str(sum(not v.passed for v in mine)),
+                              failures=str(sum(not v.passed for v in mine)), skipped=str(sum(v.skipped for v in mine)),
                               time=f"{sum(v.seconds for v in mine):.1f}")
         for v in mine:
             tc = ET.SubElement(suite, "testcase", classname=case, name=v.name, time=f"{v.seconds:.1f}")
-            if not v.passed:
+            if v.skipped:
+                ET.SubElement(tc, "skipped", message=v.message)
+            elif not v.passed:
                 fail = ET.SubElement(tc, "failure", message=v.message, type=v.kind)
                 fail.text = f"{v.message}\nreproduce: {v.setting}"
             else:

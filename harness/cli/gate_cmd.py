@@ -78,9 +78,11 @@ def gate(
         from harness.report.html import write_report
         write_report([out], html)
     n_faults = sum(v.kind == "fault" for v in verdicts)
+    skipped = sum(v.skipped for v in verdicts)
     typer.echo(f"gate: {'PASS' if not failed else 'FAIL'}: {len(verdicts) - n_faults} settings, {n_faults} "
-               f"expected faults, {len(failed)} failing, in {wall:.1f} s on {jobs or default_jobs()} jobs; "
-               f"records {out}")
+               f"expected faults, {len(failed)} failing"
+               + (f", {skipped} skipped (not run here: not checked, not passed)" if skipped else "")
+               + f", in {wall:.1f} s on {jobs or default_jobs()} jobs; records {out}")
     from harness.sweep import unjudged_lines
     for line in unjudged_lines(results):
         typer.echo(line, err=True)

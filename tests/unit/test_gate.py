@@ -104,6 +104,20 @@ def test_an_expected_fault_that_crashed_unlocalized_is_not_caught(tmp_path):
     assert not v.passed and "named None" in v.message
 
 
+def test_a_skipped_setting_or_fault_is_a_skip_not_a_pass_or_a_miss(tmp_path):
+    """A setting this machine or a port cannot run was never compared: no
+    acceptance shortfall, no expected fault 'not caught', a JUnit <skipped>."""
+    case = load_case(_write(tmp_path, "mini.toml", CASE.replace(
+        'label = "clean"', 'label = "clean"\nacceptance = { mean_accepted_length = 2.0, band = 0.1 }')))
+    jobs = plan([case])
+    skipped = {"passed": True, "first": None, "skipped": "--cuda-graph on CUDA needs a backend that can be captured"}
+    verdicts = judge(jobs, [SettingResult(j.index, j.settings.command(), skipped, None, (), 0.1) for j in jobs])
+    assert [(v.kind, v.passed, v.skipped) for v in verdicts] == [("setting", True, True)] * 2 + [("fault", True, True)]
+    assert all("can be captured" in v.message and "not caught" not in v.message for v in verdicts)
+    xml = ET.fromstring(junit_xml(verdicts, 1.0))
+    assert xml.get("failures") == "0" and xml.get("skipped") == "3" and len(xml.findall(".//skipped")) == 3
+
+
 def test_plan_runs_a_setting_two_matrix_tables_share_once(tmp_path):
     text = CASE.replace("[[faults]]", '[[matrix]]\nlabel = "again"\nbudget = [16, 32]\nbackend = "torch"\n[[faults]]')
     jobs = plan([load_case(_write(tmp_path, "mini.toml", text))])
