@@ -55,7 +55,3 @@ def place_weights(weights: dict[str, torch.Tensor], device: str) -> dict[str, to
     if device == "cpu":
         return weights
     return {name: weights.pop(name).to(device) for name in list(weights)}
-
-
-def float64_gib(weights: dict[str, torch.Tensor]) -> float:
-    return weight_numel(weights) * 8 / (1 << 30)

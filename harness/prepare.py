@@ -181,9 +181,7 @@ def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec,
         prompts = tuple(p.prompts)
     if pipeline is None and same:
         pipeline = p.engine.pipeline
-    port = p.port if same else None
-    if pipeline is None:
-        port = None   # build attaches the setting's own
+    port = p.port if same else None   # another setting's port: build attaches it with its fault
     backend = p.engine.kernel if s.backend == p.settings.backend else None
     return build(s, p.loaded, prompts, pipeline=pipeline, port=port, backend=backend)
 
