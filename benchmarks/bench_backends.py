@@ -24,8 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness.attn import make_backend  # noqa: E402
-from harness.attn.sglang_triton import prepare_interpreter, use_interpreter  # noqa: E402
+from harness.engine.attn import make_backend  # noqa: E402
+from harness.engine.attn.sglang_triton import prepare_interpreter, use_interpreter  # noqa: E402
 
 SHAPES = ((16, 1, 1), (16, 4, 4), (32, 4, 4))  # (budget, topk, batch)
 
@@ -39,8 +39,8 @@ def time_verify(backend: str, budget: int, topk: int, batch: int, cuda_graph: bo
                 dtype: str, reps: int) -> dict:
     """Median seconds per verify step for one setting (one round of prefill
     and drafting first, to get a real verify batch)."""
-    from harness.prepare import prepare
-    from harness.runner.settings import RunSettings
+    from harness.check.prepare import prepare
+    from harness.engine.settings import RunSettings
     s = RunSettings(budget=budget, topk=topk, batch=batch, cuda_graph=cuda_graph, backend=backend,
                     device=device, dtype=dtype, max_new_tokens=64)
     engine = prepare(s).engine

@@ -2,7 +2,7 @@
 
 1. the fault-free matrix (budget {4,8,16,32} x topk {1,2,4} x graph {on,off}
    x batch {1,4}) with --backend sglang-triton, on CUDA with real CUDA graphs
-   (torch.cuda.CUDAGraph in harness/runner/graph.py), verdicts per setting;
+   (torch.cuda.CUDAGraph in harness/engine/graph.py), verdicts per setting;
 2. the distribution of per-node relative error against the float64 oracle
    (max |engine - ref| / max |ref| over the vocabulary, one value per real
    node) over that matrix: percentiles, max, a log10 histogram; the same for a
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from harness.attn.sglang_triton import prepare_interpreter, use_interpreter  # noqa: E402
+from harness.engine.attn.sglang_triton import prepare_interpreter, use_interpreter  # noqa: E402
 
 MATRIX = list(itertools.product((4, 8, 16, 32), (1, 2, 4), (False, True), (1, 4)))
 QUICK_MATRIX = [(16, 1, False, 1), (8, 2, True, 4)]
@@ -44,10 +44,10 @@ PERCENTILES = (50, 90, 99, 99.9, 100)
 
 
 def run_setting(budget, topk, graph, batch, *, device, dtype, max_new_tokens, fault=None) -> tuple[dict, list[float]]:
-    from harness.check import check
-    from harness.prepare import prepare
-    from harness.records import RecordWriter
-    from harness.runner.settings import RunSettings
+    from harness.check.differential import check
+    from harness.check.prepare import prepare
+    from harness.check.records import RecordWriter
+    from harness.engine.settings import RunSettings
     s = RunSettings(budget=budget, topk=topk, cuda_graph=graph, batch=batch, backend="sglang-triton",
                     device=device, dtype=dtype, max_new_tokens=max_new_tokens, fault=fault)
     writer = RecordWriter(None)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def tolerance_summary(out: dict, dtype: str) -> dict:
-    from harness.compare.tolerance import rel_tolerance
+    from harness.verdict.tolerance import rel_tolerance
     ff = out.get("fault_free_matrix", {}).get("per_node_rel_err", {})
     faults = out.get("fault_padded_kv_visible", {}).get("settings", [])
     fault_errs = [r["first"]["rel_err"] for r in faults if r.get("first") and r["first"].get("rel_err")]

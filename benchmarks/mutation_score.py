@@ -1,5 +1,5 @@
 """Mutation score (not CI: minutes). Applies each patch of
-benchmarks/mutations/ to a temporary copy of the working tree, runs its small
+tests/mutations/ to a temporary copy of the working tree, runs its small
 setting set through the CLI (`python -m harness run ...`), stops at the first
 setting that fails, and scores:
 
@@ -24,7 +24,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = ROOT / "benchmarks" / "mutations"
+CORPUS = ROOT / "tests" / "mutations"
 COMMON = ["--max-new-tokens", "10", "--stop-after", "1"]
 SETTINGS = {   # small on purpose: a few budgets/topk, torch, plus SGLang's kernel and acceptor where relevant
     "torch": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "2"],
@@ -35,7 +35,7 @@ SETTINGS = {   # small on purpose: a few budgets/topk, torch, plus SGLang's kern
 }
 
 
-# the corpus names stages by the pipeline's fields; the localizer in the domain's words (harness/localize/explain.py)
+# the corpus names stages by the pipeline's fields; the localizer in the domain's words (harness/check/localize/explain.py)
 STAGE_WORDS = {"build_tree": "tree build", "build_verify_batch": "verify inputs", "build_mask": "mask",
                "attention": "attention", "accept": "accept", "commit": "commit", "graph": "graph",
                "load": "load", "model": "model"}

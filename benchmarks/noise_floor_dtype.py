@@ -1,6 +1,6 @@
 """The noise-floor ratio of one dtype on a preset: fault-free ratios e_engine / e_twin
 over a few settings, and the one-key leaks' smallest ratio on the rows they touch.
-What the multiplier of a dtype (harness/compare/noise_floor.py) is chosen from.
+What the multiplier of a dtype (harness/verdict/noise_floor.py) is chosen from.
 
     python benchmarks/noise_floor_dtype.py --dtype float16 --backend torch --device cpu --out DIR
     python benchmarks/noise_floor_dtype.py --summarize RUN.jsonl [RUN.jsonl ...] --out DIR   # records of device runs
@@ -35,8 +35,8 @@ def node_rows(lines) -> list[dict]:
 
 def measure(dtype: str, backend: str, device: str) -> dict:
     from noise_floor_study import judge, leak_rows
-    from harness.prepare import prepare
-    from harness.runner.settings import RunSettings
+    from harness.check.prepare import prepare
+    from harness.engine.settings import RunSettings
     base = dict(backend=backend, dtype=dtype, device=device, stop_after=0)
     out, ratios = {"free": [], "leaks": []}, []
     for kw in FREE:

@@ -2,7 +2,7 @@
 and Llama-3.1-8B (benchmarks/random_checkpoint.py), bf16, SGLang's kernel.
 
 For each shape, one load (the engine's loader and the float64 oracle's own),
-then every setting derived from it (harness.prepare.derive: same weights,
+then every setting derived from it (harness.check.prepare.derive: same weights,
 same oracle):
   * end to end: --budget 16 --topk 1 (load + run), time per step, peak memory;
   * fault-free: batch 4 with graph off and on, topk 4, and 640/900-token
@@ -53,9 +53,9 @@ def edited_rows(leak: str, rows: list[dict]) -> list[int]:
 
 
 def judge(p, leak=None, localize=False) -> tuple[dict, list[dict]]:
-    from harness.check import check
+    from harness.check.differential import check
     from harness.faults.one_key import ONE_KEY_LEAKS
-    from harness.records import RecordWriter
+    from harness.check.records import RecordWriter
     if leak:
         p.engine.pipeline = replace(p.engine.pipeline, build_mask=ONE_KEY_LEAKS[leak])
     w = RecordWriter(None)
@@ -88,8 +88,8 @@ def leak_rows(leak: str, recs: list[dict]) -> list[dict]:
 def study(ckpt: Path, device: str, max_new_tokens: int, fault_free: list, leaks: list, dtype="bfloat16",
           save=lambda partial: None) -> dict:
     """`save` gets the result so far after every setting (a run cut off by a time limit keeps what it measured)."""
-    from harness.prepare import derive, prepare
-    from harness.runner.settings import RunSettings
+    from harness.check.prepare import derive, prepare
+    from harness.engine.settings import RunSettings
     torch.cuda.reset_peak_memory_stats() if device.startswith("cuda") else None
     base_s = RunSettings(model=str(ckpt), device=device, dtype=dtype, backend="sglang-triton", budget=16, topk=1,
                          max_new_tokens=max_new_tokens)
@@ -150,7 +150,7 @@ def main() -> None:
     ap.add_argument("--leaks", default=None, help="indices of the leaks to run (default all): 3")
     a = ap.parse_args()
     if a.device == "cpu":
-        from harness.attn.sglang_triton import prepare_interpreter
+        from harness.engine.attn.sglang_triton import prepare_interpreter
         prepare_interpreter()
     from random_checkpoint import write
     t0 = time.perf_counter()
@@ -168,8 +168,8 @@ def main() -> None:
         path.write_text(text.replace(str(ckpt), "$CHECKPOINT").replace(str(a.out), "$OUT"))
     result.update(study(ckpt, a.device, a.max_new_tokens, pick(FREE, a.free), pick(LEAKS, a.leaks), save=save))
     if a.float32_check:
-        from harness.prepare import prepare
-        from harness.runner.settings import RunSettings
+        from harness.check.prepare import prepare
+        from harness.engine.settings import RunSettings
         row, _ = judge(prepare(RunSettings(model=str(ckpt), device=a.device, dtype="float32",
                                            backend="sglang-triton", max_new_tokens=8)))
         result["float32_ieee"] = row

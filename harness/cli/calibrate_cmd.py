@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
 
 
@@ -22,8 +22,8 @@ def calibrate(
     """Run the case's fault-free settings, print the per-dtype error distribution
     and write [tolerances] (a noise floor for bf16/fp16, a fixed one for float32)."""
     from dataclasses import replace
-    from harness.calibrate import calibration_settings, measure, write_tolerances
-    from harness.cases import load_case
+    from harness.workflows.calibrate import calibration_settings, measure, write_tolerances
+    from harness.workflows.cases import load_case, prompts_for
     err = Console(stderr=True)
     try:
         check_outputs(out=out)
@@ -33,8 +33,8 @@ def calibrate(
             settings = [replace(s, model=model) for s in settings]
         if not settings:
             raise ValueError(f"calibrate: {case} has no fault-free setting to measure")
-        from harness.prepare import prepare
-        prepare(settings[0])   # bad model input is a usage error before any measuring
+        from harness.check.prepare import prepare
+        prepare(settings[0], prompts_for(settings[0]))   # bad model input is a usage error before any measuring
     except USAGE_ERRORS as e:
         fail_usage(e)
     result = measure(settings, lambda i, s, summ: err.print(

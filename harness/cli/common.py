@@ -7,13 +7,9 @@ from typing import NoReturn
 import torch
 import typer
 
-from harness.attn.base import BackendUnavailable
-from harness.model.presets import ModelLoadError
-from harness.oracle_lookup import OracleUnavailable
-from harness.runner.settings import UsageError
-
-# usage or environment errors: one line on stderr, exit 2, nothing written
-USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailable)
+from harness.engine.settings import UsageError
+from harness.check.prepare import USAGE_ERRORS  # noqa: F401  (the commands catch them)
+from harness.check.records import write_text_atomic  # noqa: F401  (the commands write with it)
 
 
 def fail_usage(e: Exception) -> NoReturn:
@@ -64,7 +60,7 @@ def pick_device(device: str) -> str:
 
 
 def pick_backend(backend: str | None) -> str:
-    from harness.attn import default_backend
+    from harness.engine.attn import default_backend
     return backend or default_backend()
 
 
@@ -106,16 +102,3 @@ def clear_stale(*paths) -> None:
         p = Path(path)
         p.unlink(missing_ok=True)
         p.with_name(f".{p.name}.tmp").unlink(missing_ok=True)
-
-
-def write_text_atomic(path, text: str) -> None:
-    """All or nothing: a temporary file beside `path`, renamed over it."""
-    from pathlib import Path
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)

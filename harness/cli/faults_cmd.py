@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_device, write_text_atomic
 
 
@@ -69,13 +69,13 @@ def faults(
     except USAGE_ERRORS as e:
         fail_usage(e)
     clear_stale(json_out)
-    from harness.faults.selftest import self_check
+    from harness.workflows.fault_selftest import self_check
     rows = []
     try:
         if impl:
             from harness.ports.registry import parse_impl
             impl = parse_impl(impl).label
-        from harness.faults.selftest import CLEAN_MATRIX, CLEAN_QUICK
+        from harness.workflows.fault_selftest import CLEAN_MATRIX, CLEAN_QUICK
         total = len(only or cat) * fault_seeds + seeds * len(CLEAN_QUICK if quick else CLEAN_MATRIX)
         for n, row in enumerate(self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device),
                                            impl=impl), 1):

@@ -8,15 +8,15 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, write_text_atomic
-from harness.runner.settings import UsageError
+from harness.engine.settings import UsageError
 
 
 @app.command()
 def cases(directory: Path = typer.Option(Path("cases"), help="where the case files live")) -> None:
     """List the case files, one line each (a malformed one is an error, exit 2)."""
-    from harness.cases import discover, load_case
+    from harness.workflows.cases import discover, load_case
     paths = discover(directory)
     if not paths:
         fail_usage(UsageError(f"no case files (*.toml) in {directory}"))
@@ -42,11 +42,11 @@ def gate(
                                              "(repeatable; a case's own `impl` otherwise)"),
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
-    from harness.cases import DEFAULT_CASE, load_case
+    from harness.workflows.cases import DEFAULT_CASE, load_case
     from harness.cli.sweep_cmd import pick_case_device, print_results, run_or_exit
-    from harness.gate import json_summary, judge, junit_xml, plan
+    from harness.workflows.gate import json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
-    from harness.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
+    from harness.workflows.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
     t0 = time.perf_counter()
     try:
         check_outputs(out=out, junit=junit, json=json_out, html=html)
@@ -83,7 +83,7 @@ def gate(
                f"expected faults, {len(failed)} failing"
                + (f", {skipped} skipped (not run here: not checked, not passed)" if skipped else "")
                + f", in {wall:.1f} s on {jobs or default_jobs()} jobs; records {out}")
-    from harness.sweep import unjudged_lines
+    from harness.workflows.sweep import unjudged_lines
     for line in unjudged_lines(results):
         typer.echo(line, err=True)
     raise typer.Exit(3 if unjudged_lines(results) else 1 if failed else 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from harness.cli import app
+from harness.cli.app import app
 
 
 @app.command()

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_creatable, fail_usage
 
 
@@ -16,7 +16,7 @@ def default_out(records: Path) -> Path:
 
 def check_out_dir(out: Path) -> None:
     """DIR is a directory or can be made one, before any work."""
-    from harness.runner.settings import UsageError
+    from harness.engine.settings import UsageError
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: is not a directory")
     check_creatable("--out", out, out)
@@ -30,7 +30,7 @@ def reduce(
     """Find the smallest setting that still fails as the recorded run did (fewest requests, tokens, layers,
     shortest prompt, smallest budget and topk) and write DIR/case.toml and DIR/repro.py; exit 0 when written,
     2 on usage (a bad path, records with no failing run, a setting that no longer fails)."""
-    from harness.reduce import reduce_records
+    from harness.workflows.reduce import reduce_records
     out = out or default_out(records)
     try:
         check_out_dir(out)

@@ -6,7 +6,7 @@ from typing import List
 
 import typer
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
 
 

@@ -6,22 +6,22 @@ from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.check_summary import CheckSummary
+from harness.check.summary import CheckSummary
 
-from harness.prepare import prepare
+from harness.check.prepare import prepare
 from harness.ports.attach import SettingSkipped
-from harness.cli import app
+from harness.cli.app import app
+from harness.cli.summary_table import print_summary
 from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
-from harness.records import RecordWriter
-from harness.calibrate import parse_noise_rule
-from harness.runner.prompt_sources import parse_prompt_lens
-from harness.runner.settings import RunSettings
+from harness.check.records import RecordWriter
+from harness.workflows.calibrate import parse_noise_rule
+from harness.check.prompts import parse_prompt_lens
+from harness.workflows.cases import prompts_for
+from harness.engine.settings import RunSettings
 
 
 def default_out(s: RunSettings) -> Path:
@@ -93,7 +93,7 @@ def run(
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
-        prepared = prepare(s)
+        prepared = prepare(s, prompts_for(s))
     except SettingSkipped as e:
         skipped(s, out, e)
     except USAGE_ERRORS as e:
@@ -124,7 +124,7 @@ def run(
 
 def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
     """A setting the port cannot run: a summary saying why, exit 0 (not a pass, not a failure)."""
-    from harness.check_summary import CheckSummary, summary_record
+    from harness.check.summary import CheckSummary, summary_record
     path = out or default_out(s)
     writer = RecordWriter(path)
     writer.begin_run()
@@ -153,75 +153,8 @@ def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
 def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
     """An exception check() did not keep: the records so far, a crash record
     naming the side, a failing summary; exit by its verdict."""
-    from harness.check import write_crash_summary
+    from harness.check.differential import write_crash_summary
     summary = write_crash_summary(s, writer, e)
     writer.commit()
     typer.echo(crash_line(summary.crash, summary, writer.path), err=True)
     raise typer.Exit(EXIT_CODES[summary.verdict])
-
-
-def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
-    t = Table(title=summary.setting, show_header=False)
-    t.add_row("verify steps", str(summary.steps))
-    t.add_row("nodes checked", str(summary.nodes_checked))
-    t.add_row("divergent nodes", str(summary.divergent_nodes))
-    t.add_row("near ties", str(summary.near_ties))
-    t.add_row("padding rows seen", str(summary.padding_rows))
-    if summary.verdict_rule == "noise-floor":
-        r = summary.noise_rule
-        t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
-        t.add_row("noise ratio", f"max {summary.max_noise_ratio or 0:.2f} (diverge above {r['multiplier']:g} x "
-                                 f"max(twin, {r['floor']:.1e}), or above {r['ceiling']:g})")
-    else:
-        t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
-    t.add_row("stream mismatches", str(summary.stream_mismatches))
-    if summary.prefix_len_max:
-        tiles = f"; the kernel walks {summary.key_tiles} key tiles of the longest" if summary.key_tiles else ""
-        t.add_row("prefix length", f"{summary.prefix_len_min} to {summary.prefix_len_max} tokens{tiles}")
-    if summary.engine_s_per_step is not None:
-        t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
-                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on "
-                                   f"{summary.oracle_device})")
-    if summary.load_s:
-        phases = ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in summary.load_s.items())
-        streams = f"; stream check {summary.streams_s:.1f} s" if summary.streams_s is not None else ""
-        t.add_row("load time", f"{sum(summary.load_s.values()):.1f} s ({phases}){streams}")
-    if summary.stopped_early:
-        t.add_row("stopped early", f"after {summary.divergent_steps} divergent steps (--stop-after)")
-    if summary.mean_accepted_length is not None:
-        depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
-        t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")
-    f = summary.first
-    if f is None:
-        t.add_row("first divergence", "none")
-    elif f.what == "accept":
-        t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
-    elif f.what in ("tree", "accept-ref", "crash"):
-        t.add_row("first divergence", f"{f.what}: {f.detail}")
-    elif f.what == "provenance":
-        t.add_row("first divergence", f"step {f.step}, request {f.request}, KV provenance: {f.detail}")
-    elif f.what in ("config", "weights"):
-        t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
-    elif f.what == "stream":
-        t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
-    else:
-        err = "non-finite" if f.rel_err is None else f"{f.rel_err:.2e}"
-        t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
-                  f"rel. error {err}, padding rows {'present' if f.padding_present else 'absent'}")
-    if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
-        pt = summary.port
-        stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""
-        t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
-                                 f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
-        t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
-                                  + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
-    if summary.explanation:
-        t.add_row("localized", f"[bold]{escape(str(summary.fault_class))}[/]: {escape(summary.explanation)}")
-    for note in summary.notes:
-        t.add_row("note", escape(note))
-    if summary.crash:
-        t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
-    t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
-                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
-    console.print(t)
-    typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

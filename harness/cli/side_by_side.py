@@ -10,8 +10,8 @@ from typing import NoReturn
 
 import typer
 
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 
 def _node_key(rec: dict) -> tuple:
@@ -34,16 +34,17 @@ def first_difference(a: list[dict], b: list[dict]) -> str | None:
 
 
 def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html: Path | None) -> NoReturn:
-    from harness.check import check
-    from harness.prepare import LoadCache
-    from harness.cli.run_cmd import print_summary
+    from harness.check.differential import check
+    from harness.check.prepare import LoadCache
+    from harness.workflows.cases import prompts_for
+    from harness.cli.summary_table import print_summary
     from harness.ports.attach import SettingSkipped
     from rich.console import Console
     prepared, loads = [], LoadCache()   # one reading of the checkpoint under every port
     for impl in impls:   # every port loads (and its settings validate) before anything runs
         s = replace(base, impl=impl)
         try:
-            prepared.append((impl, loads.prepare(s)))
+            prepared.append((impl, loads.prepare(s, prompts_for(s))))
         except SettingSkipped as e:
             typer.echo(f"SKIP {impl}: {e}")
     from harness.cli.common import clear_stale

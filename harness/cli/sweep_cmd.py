@@ -13,14 +13,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harness.cli import app
+from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
-from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
+from harness.engine.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.report.model import describe_first
-from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
+from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
 
-# the summary table's verdicts (harness.sweep.verdict); caught is an expected fault, not a failure
+# the summary table's verdicts (harness.workflows.sweep.verdict); caught is an expected fault, not a failure
 VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
                    "error": "red", "internal-error": "red", "oracle-crash": "red"}
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
@@ -131,7 +131,7 @@ def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | Non
     """Run every setting; a usage error met inside a worker is exit 2. Ctrl-C:
     the finished settings' records go to `out` with an `interrupted` record
     (a report shows the file as incomplete), one line says what finished, exit 130."""
-    from harness.sweep import Interrupted
+    from harness.workflows.sweep import Interrupted
     try:
         results = run_with_progress(jobs, n_jobs, title)
     except Interrupted as e:
@@ -213,7 +213,7 @@ def _flag(name: str) -> str:
 def plan_case(case: Path, matrix_flags: dict, run_flags: dict, device: str, fault: str | None) -> list[SettingJob]:
     """A case file's matrix (each distinct setting once) on `device`. Matrix
     flags and the run flags the case sets itself are usage errors here."""
-    from harness.cases import load_case
+    from harness.workflows.cases import load_case
     given = [_flag(k) for k, v in matrix_flags.items() if v is not None]
     if given:
         raise UsageError(f"--case and matrix flags ({', '.join(given)}) are exclusive")
@@ -228,7 +228,7 @@ def plan_case(case: Path, matrix_flags: dict, run_flags: dict, device: str, faul
 
 def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | None) -> list[SettingJob]:
     """The product of the comma-list flags (omitted axes take their defaults)."""
-    from harness.cases import AXIS_DEFAULTS, Matrix
+    from harness.workflows.cases import AXIS_DEFAULTS, Matrix
     kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
              "sliding_window": int, "page_size": int}
     axes = {k: parse_list(_flag(k), v, kinds[k]) for k, v in matrix_flags.items() if v is not None}
@@ -242,7 +242,7 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
 def _jobs(settings: list[tuple[RunSettings, str]], prompts, case_name: str, fault: str | None) -> list[SettingJob]:
     """Jobs in order; with `fault`, only the settings where it can show, each with it switched on."""
     if fault:
-        from harness.cases import model_vocab
+        from harness.workflows.cases import model_vocab
         from harness.faults import why_cannot_show
         vocab = model_vocab(settings[0][0].model)
         shown = [(replace(s, fault=fault), label) for s, label in settings if not why_cannot_show(fault, s, vocab)]

@@ -7,16 +7,16 @@ from functools import partial
 
 import torch
 
-from harness.faults.registry import (Fault, all_of, batch_padded, has_branch, has_padding, has_window, num_nodes,
-                                     reads_max_kv_len, reads_prefix_mask, register, two_steps)
-from harness.attn.base import PLAIN
-from harness.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
-from harness.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_inputs import VerifyBatch, build_verify_batch
-from harness.ddtree.commit_paged import commit_paged, compaction_plan
-from harness.ddtree.verify_slots import place_batch
-from harness.ddtree.window import with_window
+from harness.faults.fault import (Fault, all_of, batch_padded, has_branch, has_padding, has_window, num_nodes,
+                                  reads_max_kv_len, reads_prefix_mask, two_steps)
+from harness.engine.attn.base import PLAIN
+from harness.engine.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
+from harness.engine.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import VerifyBatch, build_verify_batch
+from harness.engine.ddtree.commit_paged import commit_paged, compaction_plan
+from harness.engine.ddtree.verify_slots import place_batch
+from harness.engine.ddtree.window import with_window
 
 
 def _graph(**switches):
@@ -350,10 +350,6 @@ CATALOG = (
           "swa-window-ignored", _stage(window=_window_ignored), has_window, source="SGLang #22679"),
 )
 
-for _fault in CATALOG:
-    register(_fault)
-
-
 # -- attention backend ------------------------------------------------------------
 
 class _SinksFirstRowOnly:
@@ -379,11 +375,23 @@ class _SinksFirstRowOnly:
 
 def _has_sinks(s, vocab: int) -> bool:
     """The model has attention sinks (a preset or checkpoint with self_attn.sinks tensors)."""
-    from harness.model.presets import model_config
+    from harness.engine.model.presets import model_config
     return model_config(s.model).attn_sinks
 
 
-register(Fault(
+SINKS_FIRST_ROW_ONLY = Fault(
     "sinks-first-row-only", "the layer's sink logits are applied to the first verify row of each request only",
     "a model with attention sinks (--model tiny-sinks)", "sinks-first-row-only",
-    lambda p: replace(p, attention=_SinksFirstRowOnly), _has_sinks, source="TensorRT-LLM #15739"))
+    lambda p: replace(p, attention=_SinksFirstRowOnly), _has_sinks, source="TensorRT-LLM #15739")
+
+
+def _by_name(faults) -> dict[str, Fault]:
+    out: dict[str, Fault] = {}
+    for f in faults:
+        if f.name in out:
+            raise ValueError(f"fault {f.name!r} is in the catalog twice")
+        out[f.name] = f
+    return out
+
+
+FAULTS: dict[str, Fault] = _by_name(CATALOG + (SINKS_FIRST_ROW_ONLY,))

@@ -8,8 +8,8 @@ from typing import Callable
 
 import torch
 
-from harness.ddtree.mask import flatten_blocks, request_mask_block
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.mask import flatten_blocks, request_mask_block
+from harness.engine.ddtree.tree import DraftTree
 
 
 def _edit_blocks(edit: Callable[[torch.Tensor, DraftTree, int], None]):

@@ -8,9 +8,9 @@ from harness.ports.audit import Finding
 from harness.ports.protocol import Conventions
 from harness.ports.registry import load_adapter, parse_impl
 from harness.ports.stages import STAGE_FIELDS, AuditLog, PortStages, audit_step, parse_stages, port_pipeline
-from harness.runner.pipeline import Pipeline
-from harness.runner.settings import RunSettings
-from harness.ddtree.tree import expected_num_nodes
+from harness.engine.pipeline import Pipeline
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree.tree import expected_num_nodes
 
 
 class SettingSkipped(Exception):

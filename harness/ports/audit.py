@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from harness.ddtree.accept import Acceptance, greedy_walk
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.accept import Acceptance, greedy_walk
+from harness.engine.ddtree.tree import DraftTree
 
 SEVERITIES = ("error", "warning")
 

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import torch
 
-from harness.runner.settings import UsageError
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.tree import DraftTree
+from harness.engine.settings import UsageError
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.tree import DraftTree
 
 STAGES = ("build", "compile", "accept", "commit")
 MASK_MEANINGS = ("allow", "nonzero", "additive")   # bool True = visible; != 0 visible; 0 visible, large negative hidden

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harness.mem.pool import KVPool, ReqToTokenPool
+from harness.engine.mem.pool import KVPool, ReqToTokenPool
 
 
 def _layer_id(layer) -> int:

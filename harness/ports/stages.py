@@ -16,10 +16,10 @@ from harness.ports.audit import (Finding, audit_acceptance, audit_commit, audit_
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import STAGES, PortAdapter, PortError
 from harness.ports.serving_state import ServingState
-from harness.runner.pipeline import Pipeline
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_inputs import AttnMetadata, VerifyBatch
+from harness.engine.pipeline import Pipeline
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch
 
 
 @dataclass

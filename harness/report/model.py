@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.compare.tolerance import REL_TOL
+from harness.verdict.tolerance import REL_TOL
 
 
 class ReportInputError(ValueError):

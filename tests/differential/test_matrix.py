@@ -11,13 +11,13 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
+from harness.check.prepare import prepare
 from harness.faults import why_cannot_show
-from harness.model.presets import PRESETS
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.engine.model.presets import PRESETS
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 MAX_NEW_TOKENS = 12  # several verify rounds per request; the whole matrix stays near a minute on 2 cores
 FAULT = "padded-kv-visible"

@@ -16,11 +16,11 @@ import os
 
 import pytest
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 pytestmark = pytest.mark.sglang
 

@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
+from harness.check.prepare import prepare
 from harness.faults.registry import catalog
-from harness.faults.selftest import base_settings, fault_settings, run_one
-from harness.records import RecordWriter
+from harness.workflows.fault_selftest import base_settings, fault_settings, run_one
+from harness.check.records import RecordWriter
 
 BASE = base_settings("torch", quick=True)
 
@@ -32,7 +32,7 @@ def test_fault_free_runs_raise_no_alarm():
 
 @pytest.mark.sglang
 def test_padded_kv_visible_is_localized_on_sglangs_kernel():
-    from harness.attn.sglang_triton import available
+    from harness.engine.attn.sglang_triton import available
     if not available():
         pytest.skip("SGLang's kernel does not import")
     s = replace(fault_settings("padded-kv-visible", BASE), backend="sglang-triton", max_new_tokens=3)

@@ -1,4 +1,4 @@
-"""The mutation corpus (benchmarks/mutations/) does not rot: every patch
+"""The mutation corpus (tests/mutations/) does not rot: every patch
 still applies cleanly to the current tree, and each names a stage and a
 stage the scorer maps to the localizer's words (benchmarks/mutation_score.py)."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from mutation_score import STAGE_WORDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "benchmarks" / "mutations"
+CORPUS = ROOT / "tests" / "mutations"
 MUTATIONS = tomllib.loads((CORPUS / "mutations.toml").read_text())["mutation"]
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
+from harness.check.prepare import prepare
 from harness.cli import _register, app
 from harness.ports.attach import SettingSkipped
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 _register()
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ports"

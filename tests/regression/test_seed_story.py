@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from harness.attn.sglang_triton import available
-from harness.check import check
-from harness.prepare import prepare
+from harness.engine.attn.sglang_triton import available
+from harness.check.differential import check
+from harness.check.prepare import prepare
 from harness.faults import why_cannot_show
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 pytestmark = pytest.mark.skipif(not available(), reason="SGLang's kernel does not import")
 SEED = dict(topk=1, backend="sglang-triton", batch=2, max_new_tokens=6)  # code-like next to poem-like

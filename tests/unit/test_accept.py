@@ -1,10 +1,10 @@
-"""The greedy acceptance walk (harness/ddtree/accept.py) on hand-built trees."""
+"""The greedy acceptance walk (harness/engine/ddtree/accept.py) on hand-built trees."""
 from __future__ import annotations
 
 import pytest
 
-from harness.ddtree.accept import Acceptance, greedy_walk
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.accept import Acceptance, greedy_walk
+from harness.engine.ddtree.tree import DraftTree
 
 # chain root(10) -> 11 -> 12 -> 13, two padding rows
 CHAIN = DraftTree((10, 11, 12, 13), (None, 0, 1, 2), (0, 1, 2, 3), q_len=6)

@@ -8,16 +8,16 @@ import textwrap
 
 import pytest
 
-from harness.cases import CaseError, load_case
-from harness.check import check
-from harness.prepare import prepare
-from harness.compare.acceptance_stats import AcceptanceBaseline, AcceptanceTally
-from harness.gate import judge, plan
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.tree import DraftTree
-from harness.sweep import run_job
+from harness.workflows.cases import CaseError, load_case
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.check.compare.acceptance_stats import AcceptanceBaseline, AcceptanceTally
+from harness.workflows.gate import judge, plan
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.tree import DraftTree
+from harness.workflows.sweep import run_job
 
 #   0 -> 1 -> 2 -> 3 (a chain), 0 -> 4
 TREE = DraftTree((9, 1, 2, 3, 4), (None, 0, 1, 2, 0), (0, 1, 2, 3, 1), q_len=6)
@@ -98,7 +98,7 @@ def test_the_gate_fails_a_build_below_its_baseline(tmp_path):
 
 def test_the_report_and_the_sweep_table_show_the_measured_acceptance(tmp_path):
     from harness.report.html import write_report
-    from harness.sweep import summary_frame
+    from harness.workflows.sweep import summary_frame
     job = plan([write_case(tmp_path, "")])[0]
     result = run_job(job)
     records = tmp_path / "run.jsonl"

@@ -1,4 +1,4 @@
-"""KV memory (harness/mem/pool.py): slot allocator, KV pool, req_to_token, and
+"""KV memory (harness/engine/mem/pool.py): slot allocator, KV pool, req_to_token, and
 their use by the engine loop."""
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from ddschema import ModelConfig
-from harness.prepare import prepare
-from harness.mem.pool import PADDING_SLOT, KVPool, OutOfSlots, ReqToTokenPool, SlotAllocator
-from harness.runner.settings import RunSettings
+from harness.check.prepare import prepare
+from harness.engine.mem.allocator import PADDING_SLOT, OutOfSlots, SlotAllocator
+from harness.engine.mem.pool import KVPool, ReqToTokenPool
+from harness.engine.settings import RunSettings
 
 
 def committed_slots(engine) -> list[int]:

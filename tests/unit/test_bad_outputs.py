@@ -63,7 +63,7 @@ def test_bad_model_inputs_are_input_errors_not_engine_crashes(tmp_path):
     exit 2, one line, before the engine runs."""
     import torch
     from safetensors.torch import load_file, save_file
-    from harness.model.presets import checkpoint_dir
+    from harness.engine.model.presets import checkpoint_dir
     case = tmp_path / "c.toml"
     case.write_text('max_new_tokens = 2\n[[prompts]]\nname = "big"\ntokens = [1, 2, 999999]\naccuracy = 0.5\n'
                     '[[matrix]]\nbudget = [4]\n')

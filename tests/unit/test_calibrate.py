@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from harness.cases import CaseError, load_case
+from harness.workflows.cases import CaseError, load_case
 
 CASE = """name = "cal"
 model = "tiny"

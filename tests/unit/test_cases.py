@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import DEFAULT_CASE, CaseError, load_case
+from harness.workflows.cases import DEFAULT_CASE, CaseError, load_case
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
@@ -129,9 +129,9 @@ def _ddcheck(*args):
 @pytest.mark.parametrize("tol, passes", [(1e-9, False), (2e-2, True)])
 def test_case_tolerance_is_what_the_nodes_are_judged_at(tmp_path, tol, passes):
     """[tolerances] sets the relative tolerance of that dtype's runs, tighter or looser than the default."""
-    from harness.check import check
-    from harness.prepare import prepare
-    from harness.records import RecordWriter
+    from harness.check.differential import check
+    from harness.check.prepare import prepare
+    from harness.check.records import RecordWriter
     case = load_case(_write(tmp_path, GOOD + f"[tolerances]\nfloat32 = {tol}\n"))
     settings = case.settings()
     assert settings and all(s.tolerance == tol for s in settings)

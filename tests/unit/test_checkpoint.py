@@ -10,11 +10,11 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from ddschema import weight_names
-from harness.check import check
-from harness.prepare import prepare
-from harness.model.presets import ModelLoadError, config_from_hf, load_checkpoint, random_weights
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.engine.model.presets import ModelLoadError, config_from_hf, load_checkpoint, random_weights
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 BASE = {"vocab_size": 96, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import harness.cli as cli
 from ddschema import RopeScaling
-from harness.model.hf_config import ModelLoadError, config_from_hf
+from harness.engine.model.hf_config import ModelLoadError, config_from_hf
 from reference.checkpoint import CheckpointRefused, read_config
 from tests.unit.test_checkpoint import BASE, write_checkpoint
 
@@ -79,7 +79,7 @@ def test_a_refused_checkpoint_is_one_line_exit_2_nothing_written(tmp_path, name)
 def test_the_oracle_refusing_what_the_engine_accepts_is_exit_2(tmp_path, monkeypatch):
     """An engine loader that ignores a soft-cap must not make the run pass:
     the oracle reads the checkpoint itself and refuses it."""
-    from harness.model import hf_config
+    from harness.engine.model import hf_config
     directory = tmp_path / "ckpt"
     write_checkpoint(directory, LLAMA)
     (directory / "config.json").write_text(json.dumps(REFUSED["final soft-cap"]))

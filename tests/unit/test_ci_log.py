@@ -62,7 +62,7 @@ def test_faults_check_reports_each_run_as_it_finishes(tmp_path):
                                  "--device", "cpu"], env=CI)
     assert r.exit_code == 0, r.output
     progress = [ln for ln in r.stderr.splitlines() if ln.startswith("[")]
-    from harness.faults.selftest import CLEAN_QUICK
+    from harness.workflows.fault_selftest import CLEAN_QUICK
     n = 1 + len(CLEAN_QUICK)  # the fault, then the quick fault-free matrix at one seed
     assert progress[0].startswith(f"[1/{n}] padded-kv-visible seed 0: ok (")
     assert [ln.split("]")[0] for ln in progress] == [f"[{i}/{n}" for i in range(1, n + 1)]

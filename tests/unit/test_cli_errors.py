@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 import harness.cli as cli
 from harness.cli.common import exit_usage, pick_device
-from harness.oracle_lookup import OracleUnavailable, load_oracle_class
-from harness.runner.settings import UsageError
+from harness.check.oracle_lookup import OracleUnavailable, load_oracle_class
+from harness.engine.settings import UsageError
 
 cli._register()
 
@@ -62,7 +62,7 @@ def test_engine_crash_exits_1_and_keeps_a_failing_summary(tmp_path, monkeypatch)
 
 def test_setting_command_reproduces_the_setting(tmp_path):
     """The `setting` a record carries, run again, gives back exactly the same settings."""
-    from harness.runner.settings import RunSettings
+    from harness.engine.settings import RunSettings
     s = RunSettings(budget=8, topk=2, cuda_graph=True, backend="torch", batch=2, max_new_tokens=4,
                     block_size=5, seed=3, dtype="float32", accept="walk", device="cpu", tolerance=1e-3)
     out = tmp_path / "r.jsonl"

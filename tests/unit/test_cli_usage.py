@@ -57,7 +57,7 @@ def bad_model_args(tmp_path, case: str) -> list[str]:
         import torch
         from safetensors.torch import save
         from ddschema import weight_names
-        from harness.model.presets import config_from_hf
+        from harness.engine.model.presets import config_from_hf
         cfg = config_from_hf(TINY_HF)
         blob = save({n: torch.zeros(3, 3) for n in weight_names(cfg)})
         return ["--model", str(checkpoint_dir(tmp_path, TINY_HF, weights=blob))]

@@ -9,9 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 import harness.cli as cli
-from harness.crash import attribute, side_of
-from harness.ddtree.commit import commit_kv
-from harness.faults.registry import Fault, catalog, has_padding
+from harness.check.crash import attribute, side_of
+from harness.engine.ddtree.commit import commit_kv
+from harness.faults.fault import Fault, has_padding
+from harness.faults.registry import catalog
 
 cli._register()
 
@@ -61,7 +62,7 @@ def test_a_crash_at_the_end_keeps_the_divergences_before_it(tmp_path, leak_then_
     assert any(r["kind"] == "node" and r["verdict"] == "diverge" and r["step"] == 0 for r in records)
     # ... and the crash after it is recorded, attributed to the engine, at the allocator's line
     (crash,) = [r for r in records if r["kind"] == "crash"]
-    assert crash["side"] == "engine" and crash["where"].startswith("harness/mem/pool.py:")
+    assert crash["side"] == "engine" and crash["where"].startswith("harness/engine/mem/pool.py:")
     assert "not allocated" in crash["error"] and crash["step"] == 1 and not crash["in_step"]  # in the last round
     assert summary["crash"]["side"] == "engine"
     assert "the engine under test raised ValueError" in result.output
@@ -78,12 +79,12 @@ def test_an_engine_crash_with_nothing_before_it_is_a_divergence_named_crash(tmp_
     assert result.exit_code == 1, result.output
     summary = _records(out)[-1]
     assert summary["first"]["what"] == "crash" and summary["fault_class"] == "crash"
-    assert summary["crash"]["side"] == "engine" and summary["crash"]["where"].startswith("harness/runner/engine.py:")
+    assert summary["crash"]["side"] == "engine" and summary["crash"]["where"].startswith("harness/engine/loop.py:")
     assert "illegal memory access" in summary["error"]
 
 
 def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_path, monkeypatch):
-    import harness.check as check_mod
+    import harness.check.differential as check_mod
 
     def broken_compare(engine, ref):
         raise IndexError("index 7 is out of bounds")
@@ -93,10 +94,10 @@ def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_pat
     assert result.exit_code == 3, result.output
     line = [ln for ln in result.output.splitlines() if ln.startswith("ddcheck:")]
     assert len(line) == 1 and line[0].startswith("ddcheck: internal error")
-    assert "harness/check.py:" in line[0] and "IndexError" in line[0]
+    assert "harness/check/differential.py:" in line[0] and "IndexError" in line[0]
     records = _records(out)
     (crash,) = [r for r in records if r["kind"] == "crash"]
-    assert crash["side"] == "ddcheck" and crash["where"].startswith("harness/check.py:")
+    assert crash["side"] == "ddcheck" and crash["where"].startswith("harness/check/differential.py:")
     assert records[-1]["verdict"] == "internal-error" and not records[-1]["passed"]
     assert "the engine under test" not in result.output
 
@@ -123,29 +124,29 @@ def test_sides_by_folder():
     from pathlib import Path
     root = Path(harness.__file__).resolve().parent.parent
     assert side_of(str(root / "reference/model.py")) == "oracle"
-    assert side_of(str(root / "harness/mem/pool.py")) == "engine"
+    assert side_of(str(root / "harness/engine/mem/pool.py")) == "engine"
     assert side_of(str(root / "harness/ports/families/ddtree_utils.py")) == "engine"
-    assert side_of(str(root / "harness/compare/metrics.py")) == "ddcheck"
-    assert side_of(str(root / "harness/mem/provenance.py")) == "ddcheck"   # the canary is ddcheck's instrument
+    assert side_of(str(root / "harness/check/compare/metrics.py")) == "ddcheck"
+    assert side_of(str(root / "harness/engine/mem/provenance.py")) == "ddcheck"   # the canary is ddcheck's instrument
     assert side_of(str(root / "ddschema/config.py")) is None
     assert side_of("/somewhere/else/ddtree_utils.py") is None              # a port's file: its caller decides
 
 
 def test_a_library_frame_is_passed_over_for_the_side_that_called_it():
     import torch
-    from harness.compare.metrics import compare_node
+    from harness.check.compare.metrics import compare_node
     try:
         compare_node(torch.zeros(3), torch.zeros(4))
     except Exception as e:  # noqa: BLE001
         crash = attribute(e, step=1, in_step=True)
-    assert crash.side == "ddcheck" and crash.where.startswith("harness/compare/metrics.py:")
+    assert crash.side == "ddcheck" and crash.where.startswith("harness/check/compare/metrics.py:")
     assert "while verify step 1 was checked" in crash.sentence()
 
 
 def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
-    import harness.check as check_mod
-    from harness.runner.settings import RunSettings
-    from harness.sweep import SettingJob, run_jobs, unjudged_lines, verdict
+    import harness.check.differential as check_mod
+    from harness.engine.settings import RunSettings
+    from harness.workflows.sweep import SettingJob, run_jobs, unjudged_lines, verdict
 
     def broken_compare(engine, ref):
         raise IndexError("index 7 is out of bounds")
@@ -154,4 +155,4 @@ def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
     (r,) = run_jobs([job], 1)
     assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"
     (line,) = unjudged_lines([r])
-    assert line.startswith("ddcheck: internal error") and "harness/check.py:" in line
+    assert line.startswith("ddcheck: internal error") and "harness/check/differential.py:" in line

@@ -10,18 +10,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import derive, prepare
-from harness.ddtree.accept import Acceptance, greedy_walk
-from harness.ddtree.mask import flatten_blocks, request_mask_block
-from harness.ddtree.verify_inputs import build_verify_batch
-from harness.localize.explain import Cause, Evidence, explanation
-from harness.localize.graph_audit import audit_graph
-from harness.localize.kv_audit import KVAudit, Violation
-from harness.localize.metadata_audit import acceptance, commit, verify_inputs
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.prepare import derive, prepare
+from harness.engine.ddtree.accept import Acceptance, greedy_walk
+from harness.engine.ddtree.mask import flatten_blocks, request_mask_block
+from harness.engine.ddtree.verify_inputs import build_verify_batch
+from harness.check.localize.explain import Cause, Evidence, explanation
+from harness.check.localize.graph_audit import audit_graph
+from harness.check.localize.kv_audit import KVAudit, Violation
+from harness.check.localize.metadata_audit import acceptance, commit, verify_inputs
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 BRANCHY = dict(backend="torch", budget=8, topk=2, max_new_tokens=6)
 
@@ -191,7 +191,7 @@ def test_a_backend_scale_slip_is_the_attention_stage():
 
 @pytest.mark.parametrize("name,cls", [("padded-kv-visible", "padding-leak"), ("no-kv-compaction", "kv-not-compacted")])
 def test_catalog_faults_keep_their_class_after_stage_and_quantity(name, cls):
-    from harness.faults.selftest import base_settings, fault_settings
+    from harness.workflows.fault_selftest import base_settings, fault_settings
     s = check(prepare(fault_settings(name, base_settings("torch", quick=True))), RecordWriter(None))
     assert s.fault_class == cls and s.stage and s.quantity
     assert s.explanation.index("First wrong quantity") < s.explanation.index(f"Catalog class: {cls}")

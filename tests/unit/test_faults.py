@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from harness.faults import apply_fault
 from harness.faults.registry import catalog, why_cannot_show
 from harness.faults import catalog as cat_mod
-from harness.runner.settings import RunSettings, UsageError
-from harness.ddtree.mask import flat_custom_mask, request_mask_block
-from harness.ddtree.tree import DraftTree
+from harness.engine.settings import RunSettings, UsageError
+from harness.engine.ddtree.mask import flat_custom_mask, request_mask_block
+from harness.engine.ddtree.tree import DraftTree
 
 NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short-graph-mask",
          "graph-captured-causal", "stale-graph-mask", "stale-kv-indices", "no-kv-compaction",
@@ -71,7 +71,7 @@ def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
 
 def test_fully_masked_rows_cannot_show_on_a_kernel_that_always_sees_the_prefix():
     pytest.importorskip("sglang")
-    from harness.attn.sglang_triton import available
+    from harness.engine.attn.sglang_triton import available
     if not available():
         pytest.skip("SGLang's kernel does not import")
     for name in ("padded-row-fully-masked", "short-graph-mask"):
@@ -154,8 +154,9 @@ def test_positions_from_index_and_padding_alias():
 
 
 def test_contiguous_commit_and_root_bonus():
-    from harness.mem.pool import ReqToTokenPool, SlotAllocator
-    from harness.ddtree.accept import Acceptance
+    from harness.engine.mem.allocator import SlotAllocator
+    from harness.engine.mem.pool import ReqToTokenPool
+    from harness.engine.ddtree.accept import Acceptance
     alloc, pool = SlotAllocator(20), ReqToTokenPool(1, 10, "cpu")
     slots = alloc.alloc(4)
     n = cat_mod._commit_contiguous(pool, alloc, 0, 2, slots, Acceptance((0, 2), 9))
@@ -169,8 +170,8 @@ def test_acceptance_audit_names_the_root_bonus():
     acceptance is flagged as a wrong bonus, the walk's own acceptance passes."""
     from types import SimpleNamespace
 
-    from harness.localize.audits import audit_acceptance
-    from harness.ddtree.accept import greedy_walk
+    from harness.check.localize.audits import audit_acceptance
+    from harness.engine.ddtree.accept import greedy_walk
     predicts = [6, 8, 1, 2]                                     # walk: 0 -> 1 -> 3, bonus 2
     logits = torch.nn.functional.one_hot(torch.tensor(predicts), VOCAB).float()  # [q_len, vocab]
 
@@ -189,8 +190,8 @@ COUSINS = DraftTree((5, 6, 8, 7, 7), (None, 0, 0, 1, 2), (0, 1, 1, 2, 2), q_len=
 
 
 def test_level_map_acceptance_is_shadowed_by_a_cousin_with_the_same_token():
-    from harness.ddtree.accept import greedy_walk
-    from harness.localize.audits import audit_acceptance
+    from harness.engine.ddtree.accept import greedy_walk
+    from harness.check.localize.audits import audit_acceptance
     from types import SimpleNamespace
     predicts = [6, 7, 1, 2, 3, 4]                                # walk: 0 -> 1 -> 3, bonus 2
     assert greedy_walk(COUSINS, predicts).rows == (0, 1, 3)
@@ -204,8 +205,8 @@ def test_level_map_acceptance_is_shadowed_by_a_cousin_with_the_same_token():
 
 def test_packed_bonus_offset_reads_another_requests_rows():
     from types import SimpleNamespace
-    from harness.ddtree.accept import Acceptance
-    from harness.localize.audits import audit_batch_bonus
+    from harness.engine.ddtree.accept import Acceptance
+    from harness.check.localize.audits import audit_batch_bonus
     trees = [CHAIN, CHAIN]                                        # 3 real rows of q_len 5 each
     flat = [10, 11, 12, 13, 14, 20, 21, 22, 23, 24]               # argmax per flat row
     acc = Acceptance((0, 1), 22)                                  # request 1 ends at its row 1: bonus 21 ...
@@ -232,8 +233,8 @@ def test_other_requests_tree_mask_and_shifted_positions():
 
 def test_stop_ignored_commits_past_the_eos_and_the_audit_says_so():
     from types import SimpleNamespace
-    from harness.ddtree.accept import Acceptance
-    from harness.localize.audits import audit_stop
+    from harness.engine.ddtree.accept import Acceptance
+    from harness.check.localize.audits import audit_stop
     chain = DraftTree((5, 6, 7, 8), (None, 0, 1, 2), (0, 1, 2, 3), q_len=5)
     acc = Acceptance((0, 1, 2, 3), 9)
     assert cat_mod._stop_ignored(chain, acc, 7) == acc
@@ -248,8 +249,8 @@ DEEP_FIRST = DraftTree((5, 6, 7, 8), (None, 0, 1, 0), (0, 1, 2, 1), q_len=5)
 
 def test_depth_order_parents_walk_another_tree_and_the_audit_says_so():
     from types import SimpleNamespace
-    from harness.ddtree.accept import greedy_walk
-    from harness.localize.audits import audit_acceptance
+    from harness.engine.ddtree.accept import greedy_walk
+    from harness.check.localize.audits import audit_acceptance
     predicts = [6, 8, 1, 2, 3]                       # the verified tree: row 1's only child is row 2 (token 7)
     assert greedy_walk(DEEP_FIRST, predicts).rows == (0, 1)
     acc = cat_mod._accept_on_depth_order(DEEP_FIRST, predicts)
@@ -268,9 +269,9 @@ def test_an_acceptance_two_mechanisms_explain_is_ambiguous_until_a_later_round_n
     """Both the depth-order walk and the token-keyed walk stop at row 1 here: the
     audit names neither; the localizer keeps the first finding that names one."""
     from types import SimpleNamespace
-    from harness.ddtree.accept import greedy_walk
-    from harness.localize.audits import Finding, audit_acceptance
-    from harness.localize.driver import _first_named
+    from harness.engine.ddtree.accept import greedy_walk
+    from harness.check.localize.audits import Finding, audit_acceptance
+    from harness.check.localize.driver import _first_named
     predicts = [6, 7, 1, 2, 3, 4]
     assert greedy_walk(TWINS_DEEP_FIRST, predicts).rows == (0, 1, 2)
     acc = cat_mod._accept_on_depth_order(TWINS_DEEP_FIRST, predicts)
@@ -286,9 +287,9 @@ def test_an_acceptance_two_mechanisms_explain_is_ambiguous_until_a_later_round_n
 
 def test_the_localizer_reads_on_past_an_ambiguous_acceptance():
     """Seed 2: the first wrong acceptance fits both walks; a later round's fits only the depth-order one."""
-    from harness.check import check
-    from harness.prepare import prepare
-    from harness.records import RecordWriter
+    from harness.check.differential import check
+    from harness.check.prepare import prepare
+    from harness.check.records import RecordWriter
     s = RunSettings(backend="torch", topk=2, seed=2, max_new_tokens=24, fault="accept-topology-mismatch")
     summary = check(prepare(s), RecordWriter(None))
     assert summary.fault_class == "accept-topology-mismatch", summary.explanation

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import load_case
-from harness.gate import judge, junit_xml, plan
-from harness.sweep import SettingResult
+from harness.workflows.cases import load_case
+from harness.workflows.gate import judge, junit_xml, plan
+from harness.workflows.sweep import SettingResult
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = """
@@ -129,7 +129,7 @@ def test_plan_runs_a_setting_two_matrix_tables_share_once(tmp_path):
 def test_gate_device_applies_to_every_job_and_cuda_without_cuda_is_a_usage_error(tmp_path):
     import torch
 
-    from harness.sweep import on_device
+    from harness.workflows.sweep import on_device
     jobs = on_device(plan([load_case(_write(tmp_path, "mini.toml", CASE))]), "cuda")
     assert {j.settings.device for j in jobs} == {"cuda"} and jobs[2].expect_fault == "padded-kv-visible"
     if not torch.cuda.is_available():
@@ -145,7 +145,7 @@ def test_device_flag_reaches_every_job_of_a_case(tmp_path, monkeypatch, command)
 
     import harness.cli.gate_cmd  # noqa: F401  (registers the commands)
     import harness.cli.sweep_cmd as sweep_cmd
-    import harness.sweep
+    import harness.workflows.sweep
     from harness.cli import app
     seen = []
 
@@ -156,7 +156,7 @@ def test_device_flag_reaches_every_job_of_a_case(tmp_path, monkeypatch, command)
     monkeypatch.setattr(sweep_cmd, "run_jobs", fake_run)
     monkeypatch.setattr(sweep_cmd, "pick_device", lambda device: device)
     monkeypatch.setattr(sweep_cmd, "validate", lambda jobs: None)
-    monkeypatch.setattr(harness.sweep, "validate", lambda jobs: None)
+    monkeypatch.setattr(harness.workflows.sweep, "validate", lambda jobs: None)
     case = str(_write(tmp_path, "mini.toml", CASE))
     args = [case] if command == "gate" else ["--case", case]
     r = CliRunner().invoke(app, [command, *args, "--device", "cuda", "--out", str(tmp_path / "g.jsonl")])
@@ -165,8 +165,8 @@ def test_device_flag_reaches_every_job_of_a_case(tmp_path, monkeypatch, command)
 
 
 def test_judge_finds_the_catalog_without_it_being_imported_first():
-    code = ("from harness.gate import judge; from harness.sweep import SettingJob, SettingResult;"
-            "from harness.runner.settings import RunSettings;"
+    code = ("from harness.workflows.gate import judge; from harness.workflows.sweep import SettingJob, SettingResult;"
+            "from harness.engine.settings import RunSettings;"
             "j = SettingJob(0, RunSettings(fault='padded-kv-visible'), case='c', label='f', "
             "expect_fault='padded-kv-visible');"
             "r = SettingResult(0, 'x', {'passed': False, 'fault_class': 'padding-leak'}, None, (), 0.1);"

@@ -1,16 +1,16 @@
-"""The graph runner on CPU (harness/runner/graph.py): buckets, batch padding
+"""The graph runner on CPU (harness/engine/graph.py): buckets, batch padding
 with dummy requests, one capture per bucket, logits equal to eager."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.prepare import prepare
-from harness.mem.pool import PADDING_SLOT
-from harness.runner.graph import GraphRunner, capture_buckets
-from harness.runner.settings import RunSettings
-from harness.ddtree.tree import DraftTree, build_tree
-from harness.ddtree.verify_inputs import build_verify_batch
+from harness.check.prepare import prepare
+from harness.engine.mem.allocator import PADDING_SLOT
+from harness.engine.graph import GraphRunner, capture_buckets
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree.tree import DraftTree, build_tree
+from harness.engine.ddtree.verify_inputs import build_verify_batch
 
 MAX_BS = 4
 
@@ -120,7 +120,7 @@ def test_the_captured_max_kv_len_bounds_later_replays(engine, at_capacity):
     capturing batch's longest prefix (the stale-graph-scalar fault), a later,
     longer prefix loses its tail keys, and the replay audit says which."""
     from dataclasses import replace
-    from harness.localize.graph_audit import audit_graph
+    from harness.check.localize.graph_audit import audit_graph
     runner = make_runner(engine)
     runner.options = replace(runner.options, max_kv_len_at_capacity=at_capacity)
     by_len = sorted(engine.requests, key=lambda r: r.seq_len)

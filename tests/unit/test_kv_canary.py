@@ -1,4 +1,4 @@
-"""KV provenance canary (harness/mem/provenance.py): every slot read or
+"""KV provenance canary (harness/engine/mem/provenance.py): every slot read or
 written by a verify is checked against the (request, position, token) last
 written there; free slots hold NaN. The poison never changes a fault-free
 run's logits, and a read of a freed slot is caught and named."""
@@ -10,12 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.mem.provenance import BATCH_PADDING, FREE, SlotProvenance
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.prepare import prepare
+from harness.engine.mem.provenance import BATCH_PADDING, FREE, SlotProvenance
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 BASE = RunSettings(backend="torch", max_new_tokens=10)
 CLEAN_SLICE = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2})
@@ -31,7 +31,7 @@ def _rounds(s: RunSettings):
 
 def _backends():
     out = ["torch"]
-    from harness.attn.sglang_triton import available
+    from harness.engine.attn.sglang_triton import available
     if available():
         out.append(pytest.param("sglang-triton", marks=pytest.mark.sglang))
     return out

@@ -1,5 +1,5 @@
 """One reading of a checkpoint serves every setting that shares what it depends
-on (harness.prepare.load_key): a sweep over a checkpoint directory reads it
+on (harness.check.prepare.load_key): a sweep over a checkpoint directory reads it
 once, a derived setting gets its own fault and port, and a reading never
 serves another model, seed, dtype, device, window or oracle device."""
 from dataclasses import replace
@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import harness.prepare as prepare_module
-from harness.check import check
-from harness.model.presets import PRESETS, random_weights, write_checkpoint
-from harness.prepare import LoadCache, build, derive, load, prepare
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
-from harness.sweep import SettingJob, run_jobs
+import harness.check.prepare as prepare_module
+from harness.check.differential import check
+from harness.engine.model.presets import PRESETS, random_weights, write_checkpoint
+from harness.check.prepare import LoadCache, build, derive, load, prepare
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
+from harness.workflows.sweep import SettingJob, run_jobs
 
 PORTS = Path(__file__).parents[1] / "fixtures" / "ports"
 
@@ -69,9 +69,9 @@ def test_a_reading_serves_only_its_own_key(counted_reads):
 
 
 def test_torch_under_real_cuda_graphs_is_a_usage_error_for_a_run():
-    from harness.attn import make_backend
-    from harness.prepare import check_capturable
-    from harness.runner.settings import NotRunnableHere, UsageError
+    from harness.engine.attn import make_backend
+    from harness.check.prepare import check_capturable
+    from harness.engine.settings import NotRunnableHere, UsageError
     s = RunSettings(backend="torch", cuda_graph=True, device="cuda")
     torch_backend = make_backend("torch", "cpu", s.torch_dtype)   # the same backend object: reads indptrs on the host
     with pytest.raises(NotRunnableHere, match="can be captured") as e:
@@ -81,8 +81,8 @@ def test_torch_under_real_cuda_graphs_is_a_usage_error_for_a_run():
 
 
 def test_a_matrix_setting_this_machine_cannot_run_is_a_skip_not_an_error(monkeypatch):
-    from harness.runner.settings import NotRunnableHere
-    from harness.sweep import run_job, verdict
+    from harness.engine.settings import NotRunnableHere
+    from harness.workflows.sweep import run_job, verdict
 
     def cannot(self, s, prompts=None):
         raise NotRunnableHere("--cuda-graph on CUDA needs a backend that can be captured")

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.attn import make_backend
+from harness.engine.attn import make_backend
 from harness.faults import catalog as faults
-from harness.localize.audits import audit_inputs
-from harness.localize.explain import Evidence, classify
-from harness.localize.mask_probe import (ancestor_mask, derived_parents, diff_request, probe_visibility,
+from harness.check.localize.audits import audit_inputs
+from harness.check.localize.explain import Evidence, classify
+from harness.check.localize.mask_probe import (ancestor_mask, derived_parents, diff_request, probe_visibility,
                                          row_stride_explains)
-from harness.ddtree.mask import flat_custom_mask
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_inputs import build_verify_batch
+from harness.engine.ddtree.mask import flat_custom_mask
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import build_verify_batch
 
 # root, 3 nodes (row 3 is row 1's child), 2 padding rows; a chain of 2 nodes, 3 padding rows
 TREES = [DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=6),
@@ -24,7 +24,7 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 4   # head_dim 4 < keys per request: several p
 
 def backends():
     out = ["torch"]
-    from harness.attn.sglang_triton import available
+    from harness.engine.attn.sglang_triton import available
     if available():
         out.append(pytest.param("sglang-triton", marks=pytest.mark.sglang))
     return out

@@ -9,20 +9,20 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.attn import make_backend
-from harness.check import check
-from harness.prepare import prepare
-from harness.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_inputs import build_verify_batch
+from harness.engine.attn import make_backend
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.engine.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import build_verify_batch
 from harness.faults.registry import catalog
 from harness.faults.one_key import ONE_KEY_LEAKS
-from harness.localize.audits import Finding
-from harness.localize.explain import CATALOG_CLASSES, Evidence, classify, explanation
-from harness.localize.kv_audit import KVAudit, Violation
-from harness.localize.mask_probe import diff_request, pair_role, probe_visibility
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.localize.audits import Finding
+from harness.check.localize.explain import CATALOG_CLASSES, Evidence, classify, explanation
+from harness.check.localize.kv_audit import KVAudit, Violation
+from harness.check.localize.mask_probe import diff_request, pair_role, probe_visibility
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 # root; rows 1, 2 under the root; row 3 under row 1; row 4 under row 2; 2 padding rows
 TREE = DraftTree((5, 6, 7, 8, 9), (None, 0, 0, 1, 2), (0, 1, 1, 2, 2), q_len=7)
@@ -119,7 +119,7 @@ def test_a_kv_indices_violation_is_the_explanation():
 
 
 def test_a_slot_referenced_after_its_free_reaches_the_explanation():
-    from harness.faults.selftest import base_settings, fault_settings
+    from harness.workflows.fault_selftest import base_settings, fault_settings
     summary, loc = localized(fault_settings("free-slot-read", base_settings("torch", quick=True)))
     assert summary.fault_class == "free-slot-read"
     assert "referenced-free" in loc["kv_audit"]["violation_kinds"]

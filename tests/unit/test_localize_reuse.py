@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-import harness.prepare as prepare_module
-from harness.check import check
-from harness.prepare import derive, prepare
+import harness.check.prepare as prepare_module
+from harness.check.differential import check
+from harness.check.prepare import derive, prepare
 from harness.faults.one_key import ONE_KEY_LEAKS
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 
 def test_a_custom_mask_stage_is_localized_without_reloading(monkeypatch):
@@ -43,7 +43,7 @@ def test_derive_shares_the_weights_and_refuses_another_model():
 
 
 def test_a_localizer_out_of_memory_is_one_note_and_the_verdict_stands(monkeypatch):
-    import harness.localize as localize_pkg
+    import harness.check.localize as localize_pkg
     p = prepare(RunSettings(backend="torch", max_new_tokens=6, fault="padded-kv-visible"))
 
     def oom(*a, **k):

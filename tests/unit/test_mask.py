@@ -1,11 +1,11 @@
-"""The tree's visibility in SGLang's flat custom-mask layout (harness/ddtree/mask.py)."""
+"""The tree's visibility in SGLang's flat custom-mask layout (harness/engine/ddtree/mask.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block, tree_visibility
-from harness.ddtree.tree import DraftTree, build_tree
+from harness.engine.ddtree.mask import flat_custom_mask, flatten_blocks, request_mask_block, tree_visibility
+from harness.engine.ddtree.tree import DraftTree, build_tree
 
 # root 0 -> {1, 2}; 1 -> {3, 4}; 3 -> {5}; 2 rows of padding (q_len 8)
 BRANCHY = DraftTree((10, 11, 12, 13, 14, 15), (None, 0, 0, 1, 1, 3), (0, 1, 1, 2, 2, 3), q_len=8)

@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.compare.metrics import compare_node
-from harness.compare.noise_floor import NOISE_FLOOR, NoiseFloorRule, verdict_rule
+from harness.check.prepare import prepare
+from harness.check.compare.metrics import compare_node
+from harness.verdict.noise_floor import NOISE_FLOOR, NoiseFloorRule, verdict_rule
 from harness.faults.one_key import ONE_KEY_LEAKS
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings, UsageError
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings, UsageError
 
 
 def run(leak=None, **kw):
@@ -48,7 +48,7 @@ def test_twin_is_a_correct_computation_of_each_node():
     noise from the oracle: it computes prefix + the node's own path."""
     p = prepare(RunSettings(backend="torch", topk=3, budget=8, block_size=4, max_new_tokens=6, batch=2,
                             verdict="fixed"))
-    from harness.runner.causal_twin import CausalTwin
+    from harness.check.causal_twin import CausalTwin
     twin = CausalTwin(p.engine.model, p.engine.backend, "cpu", p.engine.max_context + p.engine.q_len)
     seen = 0
     for result in p.engine.rounds():
@@ -95,8 +95,8 @@ def test_fp16_judges_by_its_own_multiplier_a_correct_branching_run_passes_a_leak
 def test_float32_on_cuda_is_ieee_unless_tf32_is_asked_for(monkeypatch):
     """The CPU twin of the CUDA path: the backend's declared precision follows
     TRITON_F32_DEFAULT, which float32_dots sets before any kernel compiles."""
-    from harness.attn.sglang_triton import SGLangTritonBackend, float32_dots
-    from harness.compare.tolerance import matmul_precision, rel_tolerance
+    from harness.engine.attn.sglang_triton import SGLangTritonBackend, float32_dots
+    from harness.verdict.tolerance import matmul_precision, rel_tolerance
     monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
     native = SGLangTritonBackend.__new__(SGLangTritonBackend)
     native.interpret = False

@@ -13,11 +13,11 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from ddschema import RopeScaling, weight_names
-from harness.check import check
-from harness.prepare import prepare
-from harness.model import presets
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.engine.model import presets
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 from reference import DenseOracle
 from reference.checkpoint import read_safetensors
 from reference.rope import rope_inv_freq
@@ -105,7 +105,7 @@ def test_oracle_logits_match_transformers_from_the_checkpoint(tmp_path, name):
 def test_llama3_frequencies_match_transformers_on_both_sides(tmp_path):
     """The oracle's and the engine's llama3 inverse frequencies against
     transformers' (float32), across the three bands."""
-    from harness.model.llama import rope_frequencies
+    from harness.engine.model.llama import rope_frequencies
     model = hf_checkpoint(tmp_path, "llama-bias-tied-llama3")
     hf_inv = model.model.rotary_emb.inv_freq.double()  # [d/2]
     cfg = DenseOracle.from_checkpoint(tmp_path).config
@@ -182,7 +182,7 @@ def test_loader_rounding_a_tensor_is_a_weights_divergence(monkeypatch, tmp_path)
         cfg, weights = original(path)
         return cfg, {**weights, target: weights[target].bfloat16().float()}
 
-    monkeypatch.setattr("harness.prepare.load_checkpoint", lossy)
+    monkeypatch.setattr("harness.check.prepare.load_checkpoint", lossy)
     summary, records = run_with(monkeypatch, tmp_path, "qwen3-bias")
     assert summary.first.what == "weights" and summary.fault_class == "weights"
     assert target in summary.explanation
@@ -257,7 +257,7 @@ def test_the_oracle_keeps_its_own_reading_without_a_copy_and_copies_anyone_elses
 
 def test_an_infinite_weight_read_alike_is_still_a_weights_divergence():
     """The agreement's exact-equality shortcut keeps the rule: a non-finite engine tensor is a mismatch."""
-    from harness.load_agreement import _tensor_mismatch
+    from harness.check.load_agreement import _tensor_mismatch
     t = torch.tensor([1.0, float("inf")])
     assert _tensor_mismatch("w", t.clone(), t.clone()) is not None
     assert _tensor_mismatch("w", t[:1].bfloat16(), t[:1]) is None

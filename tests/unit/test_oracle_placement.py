@@ -1,7 +1,7 @@
-"""Where the engine's weights and the float64 oracle go (harness/oracle_placement.py)."""
+"""Where the engine's weights and the float64 oracle go (harness/check/oracle_placement.py)."""
 import torch
 
-from harness.oracle_placement import engine_bytes_to_come, place_weights
+from harness.check.oracle_placement import engine_bytes_to_come, place_weights
 
 
 def test_weights_already_on_the_device_in_the_run_dtype_add_nothing():

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.prepare import prepare
-from harness.compare.metrics import compare_node, compare_rows
-from harness.ddtree.verify_inputs import prefill_metadata
-from harness.mem.pool import KVPool
-from harness.runner.causal_twin import CausalTwin
-from harness.runner.settings import RunSettings
+from harness.check.prepare import prepare
+from harness.check.compare.metrics import compare_node, compare_rows
+from harness.engine.ddtree.verify_inputs import prefill_metadata
+from harness.engine.mem.pool import KVPool
+from harness.check.causal_twin import CausalTwin
+from harness.engine.settings import RunSettings
 
 
 def one_by_one(e: torch.Tensor, r: torch.Tensor):

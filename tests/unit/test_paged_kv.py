@@ -1,6 +1,6 @@
-"""Paged KV (--page-size N): the page allocator (harness/mem/paged.py), the
-verify rows' branch regions (harness/ddtree/verify_slots.py), the compaction
-at commit (harness/ddtree/commit_paged.py), fault-free runs against the
+"""Paged KV (--page-size N): the page allocator (harness/engine/mem/paged.py), the
+verify rows' branch regions (harness/engine/ddtree/verify_slots.py), the compaction
+at commit (harness/engine/ddtree/commit_paged.py), fault-free runs against the
 oracle, the poison canary, and the two paged faults caught and named."""
 from __future__ import annotations
 
@@ -11,18 +11,19 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.commit_paged import commit_paged, compaction_plan
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_slots import branches, place_rows
-from harness.mem.paged import PageAllocator, make_allocator
-from harness.mem.pool import KVPool, OutOfSlots, ReqToTokenPool, SlotAllocator
-from harness.model.presets import PRESETS
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings, UsageError
+from harness.check.prepare import prepare
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.commit_paged import commit_paged, compaction_plan
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_slots import branches, place_rows
+from harness.engine.mem.paged import PageAllocator, make_allocator
+from harness.engine.mem.allocator import OutOfSlots, SlotAllocator
+from harness.engine.mem.pool import KVPool, ReqToTokenPool
+from harness.engine.model.presets import PRESETS
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings, UsageError
 
 PS = 4
 BASE = RunSettings(backend="torch", max_new_tokens=10, topk=2, batch=2)
@@ -165,7 +166,7 @@ def test_compaction_moves_accepted_kv_into_the_winning_region(plan, per_token):
 # -- end to end ----------------------------------------------------------------------------
 
 def _sglang():
-    from harness.attn.sglang_triton import available
+    from harness.engine.attn.sglang_triton import available
     return [pytest.param(16, "sglang-triton", marks=pytest.mark.sglang)] if available() else []
 
 

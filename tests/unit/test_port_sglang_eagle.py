@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from harness.ports.mask_reading import kernel_mask
-from harness.ddtree.accept import greedy_walk
-from harness.ddtree.mask import request_mask_block
-from harness.ddtree.tree import build_tree
+from harness.engine.ddtree.accept import greedy_walk
+from harness.engine.ddtree.mask import request_mask_block
+from harness.engine.ddtree.tree import build_tree
 
 pytestmark = pytest.mark.sglang
 eagle = pytest.importorskip("harness.ports.families.sglang_eagle")

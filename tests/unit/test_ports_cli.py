@@ -63,7 +63,7 @@ def test_sweep_impl_axis_and_skip_verdict(tmp_path):
 
 
 def test_case_file_impl_is_relative_to_the_case(tmp_path):
-    from harness.cases import load_case
+    from harness.workflows.cases import load_case
     (tmp_path / "port.py").write_text((DDU / "faithful.py").read_text())
     case = tmp_path / "c.toml"
     case.write_text('impl = "ddtree-utils:port.py"\nport_stages = "compile"\n[[matrix]]\nbudget = [16]\n')
@@ -75,10 +75,10 @@ def test_case_file_impl_is_relative_to_the_case(tmp_path):
 
 
 def test_dflash2_beam_compile_on_cpu_names_the_missing_kernel():
-    from harness.check import check
-    from harness.prepare import prepare
-    from harness.records import RecordWriter
-    from harness.runner.settings import RunSettings
+    from harness.check.differential import check
+    from harness.check.prepare import prepare
+    from harness.check.records import RecordWriter
+    from harness.engine.settings import RunSettings
     for fixture, ok in (("faithful", True), ("ancestor_one_short", False)):
         s = RunSettings(backend="torch", budget=16, topk=4, batch=2, max_new_tokens=8,
                         impl=f"dflash2-beam:{FIX / 'dflash2_beam' / (fixture + '.py')}")
@@ -91,7 +91,7 @@ def test_dflash2_beam_compile_on_cpu_names_the_missing_kernel():
 
 
 def test_faults_check_with_a_port_skips_faults_on_its_stages():
-    from harness.faults.selftest import self_check
+    from harness.workflows.fault_selftest import self_check
     rows = list(self_check("torch", seeds=1, quick=True, faults=["mask-row-stride", "bonus-from-wrong-node"],
                            impl=f"ddtree-utils:{DDU / 'faithful.py'}"))
     # the port owns compile and accept: both faults swap stages it replaces, so neither runs

@@ -10,9 +10,9 @@ from harness.ports.audit import audit_commit, audit_mask
 from harness.ports.loading import load_port_module, require
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import PortError, PortMask
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.mask import request_mask_block
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.mask import request_mask_block
+from harness.engine.ddtree.tree import DraftTree
 
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)      # 2 drafts, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -102,7 +102,7 @@ def test_audit_sibling_visibility_is_an_extra_key():
 
 def test_commit_audit_checks_kv_per_committed_position():
     from ddschema import ModelConfig
-    from harness.mem.pool import KVPool, ReqToTokenPool
+    from harness.engine.mem.pool import KVPool, ReqToTokenPool
     cfg = ModelConfig(vocab_size=16, hidden_size=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
                       intermediate_size=16, max_position=64)
     pool, req = KVPool(cfg, 40, torch.float32, "cpu"), ReqToTokenPool(2, 32, "cpu")

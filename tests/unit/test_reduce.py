@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import harness.cli as cli
-from harness.cases import load_case
+from harness.workflows.cases import load_case
 
 cli._register()
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from harness.runner.prompt_sources import prompts_of
-from harness.runner.settings import RunSettings, UsageError
+from harness.check.prompts import prompts_of
+from harness.engine.settings import RunSettings, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_bad_prompt_options_are_usage_errors(cli, tmp_path, args, words):
 
 def test_oracle_device_cuda_without_a_gpu_is_a_usage_error():
     import torch
-    from harness.oracle_placement import choose_oracle_device
+    from harness.check.oracle_placement import choose_oracle_device
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(UsageError, match="no CUDA"):

@@ -9,15 +9,15 @@ import random
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
-from harness.ddtree import accept_sglang
-from harness.ddtree.accept import greedy_walk
-from harness.ddtree.accept_sglang import TreeLinks, build_links, sglang_accept, sglang_accept_batch
-from harness.ddtree.tree import DraftTree
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree import accept_sglang
+from harness.engine.ddtree.accept import greedy_walk
+from harness.engine.ddtree.accept_sglang import TreeLinks, build_links, sglang_accept, sglang_accept_batch
+from harness.engine.ddtree.tree import DraftTree
 
 pytestmark = pytest.mark.sglang
 

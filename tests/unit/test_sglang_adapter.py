@@ -8,9 +8,9 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from harness.attn import base, sglang_triton
-from harness.attn.base import BackendUnavailable
-from harness.ddtree import accept_sglang
+from harness.engine.attn import base, sglang_triton
+from harness.engine.attn.base import BackendUnavailable
+from harness.engine.ddtree import accept_sglang
 
 MISSING = ("ddcheck_no_such.sglang.extend_attention", "ddcheck_no_such.sglang.old_extend_attention")
 

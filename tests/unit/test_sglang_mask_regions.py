@@ -9,16 +9,16 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.attn import make_backend
-from harness.check import check
-from harness.prepare import prepare
-from harness.model.presets import load_model
-from harness.records import RecordWriter
-from harness.runner.engine import Engine
-from harness.runner.pipeline import Pipeline
-from harness.runner.settings import RunSettings
-from harness.ddtree.mask import flat_custom_mask
-from harness.ddtree.tree import DraftTree
+from harness.engine.attn import make_backend
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.engine.model.presets import load_model
+from harness.check.records import RecordWriter
+from harness.engine.loop import Engine
+from harness.engine.pipeline import Pipeline
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree.mask import flat_custom_mask
+from harness.engine.ddtree.tree import DraftTree
 
 pytestmark = pytest.mark.sglang
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.attn import make_backend
-from harness.check import check
-from harness.prepare import derive, prepare
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.engine.attn import make_backend
+from harness.check.differential import check
+from harness.check.prepare import derive, prepare
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 from test_sglang_mask_regions import block_first_prefix_key
 
 pytestmark = pytest.mark.sglang

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from ddschema import weight_names
-from harness.attn.base import LayerAttention
-from harness.attn.torch_backend import _attend
-from harness.check import check
-from harness.prepare import prepare
+from harness.engine.attn.base import LayerAttention
+from harness.engine.attn.torch_backend import _attend
+from harness.check.differential import check
+from harness.check.prepare import prepare
 from harness.faults.catalog import _SinksFirstRowOnly
-from harness.model.hf_config import config_from_hf
-from harness.model.presets import PRESETS, load_checkpoint, random_weights, write_checkpoint
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.engine.model.hf_config import config_from_hf
+from harness.engine.model.presets import PRESETS, load_checkpoint, random_weights, write_checkpoint
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 from reference.checkpoint import load_checkpoint as oracle_load, read_config
 from reference.model import attention
 from tests.unit.test_checkpoint import BASE
@@ -80,7 +80,7 @@ def test_a_checkpoint_with_sinks_in_some_layers_only_is_refused(tmp_path):
     cfg = PRESETS["tiny-sinks"]
     weights = random_weights(cfg, 0)
     from safetensors.torch import save_file
-    from harness.model.hf_config import ModelLoadError, config_to_hf
+    from harness.engine.model.hf_config import ModelLoadError, config_to_hf
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(cfg)))
     kept = {n: t for n, t in weights.items() if n != "model.layers.1.self_attn.sinks"}
     save_file(kept, str(tmp_path / "model.safetensors"))
@@ -93,7 +93,7 @@ def test_a_checkpoint_with_sinks_in_some_layers_only_is_refused(tmp_path):
 def _run(model: str, backend: str = "torch", attention=None, localize: bool = True, **kw):
     p = prepare(RunSettings(model=model, backend=backend, budget=8, max_new_tokens=10, **kw))
     if attention is not None:
-        from harness.prepare import derive
+        from harness.check.prepare import derive
         p = derive(p, pipeline=replace(p.engine.pipeline, attention=attention))
     return check(p, RecordWriter(None), localize=localize)
 

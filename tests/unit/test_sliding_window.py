@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 import harness.cli as cli
 from ddschema import ModelConfig
-from harness.check import check
-from harness.prepare import prepare
-from harness.model.hf_config import config_from_hf, config_to_hf
-from harness.model.presets import PRESETS, random_weights
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings, UsageError
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.engine.model.hf_config import config_from_hf, config_to_hf
+from harness.engine.model.presets import PRESETS, random_weights
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings, UsageError
 from reference.checkpoint import read_config
 from reference.model import DenseLlama, causal_mask
 from tests.unit.test_checkpoint import BASE
@@ -111,9 +111,9 @@ def test_the_kernels_own_window_argument_bounds_rows_by_flat_index_not_depth():
     sliding_window_size windows a row by prefix + row index (SGLang PR #39287), so
     a sibling at depth 1 in row 2 loses a key its position keeps; the window
     folded into the mask (prefix columns read) is the oracle's rule."""
-    from harness.attn import make_backend
-    from harness.ddtree.verify_inputs import AttnMetadata
-    from harness.ddtree.window import with_window
+    from harness.engine.attn import make_backend
+    from harness.engine.ddtree.verify_inputs import AttnMetadata
+    from harness.engine.ddtree.window import with_window
     torch.manual_seed(0)
     p, n, window = 12, 5, 6
     depths = torch.tensor([0, 1, 1, 2, 2])
@@ -156,8 +156,8 @@ def test_a_window_under_graph_replay_matches_the_oracle_and_eager(backend):
 
 def test_a_stale_window_buffer_is_named_by_the_graph_audit():
     from dataclasses import replace as dc_replace
-    from harness.localize.graph_audit import audit_graph
-    from harness.runner.graph import GraphOptions
+    from harness.check.localize.graph_audit import audit_graph
+    from harness.engine.graph import GraphOptions
     p = prepare(RunSettings(backend="torch", cuda_graph=True, topk=2, budget=8, sliding_window=8, max_new_tokens=12))
     p.engine.graph.options = dc_replace(p.engine.graph.options, refill_mask=False)
     found = []
@@ -195,7 +195,7 @@ def test_unsupported_window_combinations_are_one_line_exit_2(tmp_path, args):
 
 
 def test_the_window_is_in_the_reproduce_command_and_a_case_axis(tmp_path):
-    from harness.cases import load_case
+    from harness.workflows.cases import load_case
     assert "--sliding-window 8" in RunSettings(sliding_window=8).command()
     case = tmp_path / "c.toml"
     case.write_text('name = "w"\n[[matrix]]\nsliding_window = [0, 8]\n')

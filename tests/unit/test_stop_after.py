@@ -40,7 +40,7 @@ def test_the_summary_says_where_loading_time_went(tmp_path):
 
 def test_oracle_threads_set_and_restored():
     import torch
-    from harness.step_clock import machine_cores, oracle_threads
+    from harness.check.step_clock import machine_cores, oracle_threads
     before = torch.get_num_threads()
     with oracle_threads(machine_cores()):
         assert torch.get_num_threads() == machine_cores()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from harness.check import check, cut_stream
+from harness.check.differential import check, cut_stream
 
-from harness.prepare import prepare
-from harness.ddtree.accept import Acceptance, cut_at_stop
-from harness.ddtree.tree import DraftTree
-from harness.faults.selftest import base_settings, stop_token
-from harness.records import RecordWriter
+from harness.check.prepare import prepare
+from harness.engine.ddtree.accept import Acceptance, cut_at_stop
+from harness.engine.ddtree.tree import DraftTree
+from harness.workflows.fault_selftest import base_settings, stop_token
+from harness.check.records import RecordWriter
 
 CHAIN = DraftTree((5, 6, 7, 8), (None, 0, 1, 2), (0, 1, 2, 3), q_len=5)
 

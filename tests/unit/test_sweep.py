@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case
-from harness.runner.settings import RunSettings, UsageError
-from harness.sweep import SettingJob, SettingResult, run_jobs, summary_frame, verdict, write_jsonl
+from harness.engine.settings import RunSettings, UsageError
+from harness.workflows.sweep import SettingJob, SettingResult, run_jobs, summary_frame, verdict, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,8 @@ def _ddcheck(*args):
 def test_an_engine_that_raises_is_a_failing_setting_not_a_crash(monkeypatch):
     from dataclasses import replace
 
-    from harness.faults.registry import Fault, catalog
+    from harness.faults.fault import Fault
+    from harness.faults.registry import catalog
 
     def boom(trees, prefix_lens):
         raise IndexError("mask buffer too short")

@@ -3,12 +3,12 @@ import json
 
 import pytest
 
-from harness.attn import sglang_triton
-from harness.check import check
-from harness.prepare import prepare
-from harness.compare.tolerance import REL_TOL, matmul_precision, rel_tolerance
-from harness.records import RecordWriter
-from harness.runner.settings import RunSettings
+from harness.engine.attn import sglang_triton
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.verdict.tolerance import REL_TOL, matmul_precision, rel_tolerance
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
 
 
 class _PlainBackend:

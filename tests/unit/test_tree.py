@@ -1,4 +1,4 @@
-"""DDTree's best-first build (harness/ddtree/tree.py) against brute force."""
+"""DDTree's best-first build (harness/engine/ddtree/tree.py) against brute force."""
 from __future__ import annotations
 
 import itertools
@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from harness.ddtree.tree import DraftTree, build_tree, expected_num_nodes
+from harness.engine.ddtree.tree import DraftTree, build_tree, expected_num_nodes
 
 
 def random_logprobs(depth_cap: int, vocab: int, seed: int) -> torch.Tensor:

@@ -12,17 +12,17 @@ import math
 import pytest
 import torch
 
-from harness.check import check
+from harness.check.differential import check
 
-from harness.prepare import prepare
-from harness.compare.tree_accept import check_acceptance
-from harness.records import RecordWriter
+from harness.check.prepare import prepare
+from harness.check.compare.tree_accept import check_acceptance
+from harness.check.records import RecordWriter
 from harness.runner import engine as engine_module
-from harness.runner.engine import RequestStep
-from harness.runner.pipeline import Pipeline
-from harness.runner.settings import RunSettings
-from harness.ddtree.accept import Acceptance, greedy_walk
-from harness.ddtree.tree import DraftTree, build_tree
+from harness.engine.loop import RequestStep
+from harness.engine.pipeline import Pipeline
+from harness.engine.settings import RunSettings
+from harness.engine.ddtree.accept import Acceptance, greedy_walk
+from harness.engine.ddtree.tree import DraftTree, build_tree
 from reference.accept import greedy_acceptance
 from reference.tree import best_first_tree
 
@@ -73,7 +73,7 @@ def run(monkeypatch=None, setting=SETTING, **stages):
     """check() with some pipeline stages swapped (as a fault or a port would)."""
     if stages:
         pipeline = dataclasses.replace(Pipeline(), **stages)
-        monkeypatch.setattr("harness.prepare.apply_fault", lambda fault, s, vocab: pipeline)
+        monkeypatch.setattr("harness.check.prepare.apply_fault", lambda fault, s, vocab: pipeline)
     writer = RecordWriter(None)
     summary = check(prepare(setting), writer, localize=False)
     return summary, [json.loads(line) for line in writer.lines]

@@ -1,12 +1,12 @@
-"""Target-verify metadata in SGLang's layout (harness/ddtree/verify_inputs.py)."""
+"""Target-verify metadata in SGLang's layout (harness/engine/ddtree/verify_inputs.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from harness.ddtree.mask import flat_custom_mask
-from harness.ddtree.tree import DraftTree
-from harness.ddtree.verify_inputs import build_verify_batch, padding_row_inputs
+from harness.engine.ddtree.mask import flat_custom_mask
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import build_verify_batch, padding_row_inputs
 
 Q_LEN = 6
 # root(10) -> {1: 20, 2: 21}; 1 -> {3: 30}; two padding rows

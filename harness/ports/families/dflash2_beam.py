@@ -28,7 +28,7 @@ import torch
 from harness.ports.loading import load_port_module, require
 from harness.ports.protocol import CompiledVerify, Conventions, PortMask
 from harness.ports.registry import Family, find_in_checkout
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.tree import DraftTree
 
 IN_CHECKOUT = ("python/sglang/srt/speculative/dflash_tree.py", "sglang/srt/speculative/dflash_tree.py")
 META_KERNEL = "sgl_kernel.speculative"

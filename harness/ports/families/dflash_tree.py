@@ -21,8 +21,8 @@ import torch
 from harness.ports.loading import load_port_module, parameters, require
 from harness.ports.protocol import BuiltTrees, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family, find_in_checkout
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.tree import DraftTree
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.tree import DraftTree
 
 IN_CHECKOUT = ("python/sglang/srt/speculative/dflash_tree.py", "sglang/srt/speculative/dflash_tree.py")
 

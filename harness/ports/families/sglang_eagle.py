@@ -24,9 +24,9 @@ import torch
 
 from harness.ports.protocol import BuiltTrees, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family
-from harness.ddtree.accept import Acceptance
-from harness.ddtree.accept_sglang import TreeLinks, sglang_accept_batch
-from harness.ddtree.tree import DraftTree, build_tree
+from harness.engine.ddtree.accept import Acceptance
+from harness.engine.ddtree.accept_sglang import TreeLinks, sglang_accept_batch
+from harness.engine.ddtree.tree import DraftTree, build_tree
 
 SPEC_TREE = "sglang.kernels.ops.speculative.spec_tree"
 
@@ -45,7 +45,7 @@ CONVENTIONS = Conventions(
 
 
 def _spec_tree():
-    from harness.attn.sglang_triton import prepare_interpreter
+    from harness.engine.attn.sglang_triton import prepare_interpreter
     prepare_interpreter()
     try:
         return importlib.import_module(SPEC_TREE)
@@ -132,7 +132,7 @@ class SGLangEagle:
 
 
 def _device() -> str:
-    from harness.attn.sglang_triton import use_interpreter
+    from harness.engine.attn.sglang_triton import use_interpreter
     return "cpu" if use_interpreter() else "cuda"
 
 

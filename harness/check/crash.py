@@ -1,0 +1,110 @@
+"""Who raised: an exception met during a check, attributed to the side whose
+code raised it.
+
+- `engine`: the engine under test (harness/runner, harness/engine/ddtree,
+  harness/engine/attn, harness/ports, harness/engine/mem, harness/engine/model, harness/faults, and
+  whatever code they call: a port's own file, a stage swapped into the
+  pipeline);
+- `oracle`: the float64 reference (reference/);
+- `ddcheck`: ddcheck's own check code (harness/check/differential.py, harness/check/compare,
+  harness/check/localize, records, reports, the KV canary, the port audit, the
+  noise-floor twin).
+
+The innermost frame in one of those folders decides: a frame in a library
+(torch, SGLang), in ddschema/ or in a file outside the project (a port's
+checkout, a test) is passed over, so a stage defined in a test and called by
+the engine is the engine's, and an exception torch raises inside ddcheck's
+comparison is ddcheck's.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the project: harness/, reference/, ddschema/
+
+ENGINE_PACKAGES = {"runner", "ddtree", "attn", "ports", "mem", "model", "faults"}
+# files inside the engine's folders that are ddcheck's instruments, not the engine
+DDCHECK_FILES = {"harness/check/causal_twin.py", "harness/engine/mem/provenance.py", "harness/ports/audit.py"}
+
+SIDES = ("engine", "oracle", "ddcheck")
+
+
+@dataclass(frozen=True)
+class Crash:
+    side: str          # engine | oracle | ddcheck
+    where: str         # file:line (function) of the innermost frame of that side
+    raised_at: str     # file:line (function) of the innermost frame of all (a library's, a port's)
+    error: str         # the exception's last line, e.g. "ValueError: free of KV slot 7, which is not allocated"
+    step: int | None   # the last verify step the engine produced (None: it raised before the first)
+    traceback: str
+    in_step: bool = False   # raised while that step was being checked (else: after it, in the engine's next round)
+
+    @property
+    def who(self) -> str:
+        return {"engine": "the engine under test", "oracle": "the oracle",
+                "ddcheck": "ddcheck itself (an internal error)"}[self.side]
+
+    def sentence(self) -> str:
+        when = (" before the first verify step" if self.step is None else
+                f" while verify step {self.step} was checked" if self.in_step else f" after verify step {self.step}")
+        return f"{self.who} raised {self.error} at {self.where}{when}"
+
+    def record(self, setting: str) -> dict:
+        return {"kind": "crash", "setting": setting, "side": self.side, "where": self.where,
+                "raised_at": self.raised_at, "error": self.error, "step": self.step,
+                "in_step": self.in_step, "sentence": self.sentence(), "traceback": self.traceback}
+
+    def brief(self) -> dict:
+        """What the summary carries."""
+        return {"side": self.side, "where": self.where, "error": self.error, "step": self.step,
+                "in_step": self.in_step, "sentence": self.sentence()}
+
+
+def project_path(filename: str) -> str | None:
+    """The path relative to the project root, or None outside it."""
+    try:
+        return Path(filename).resolve().relative_to(ROOT).as_posix()
+    except (ValueError, OSError):
+        return None
+
+
+def side_of(filename: str) -> str | None:
+    """engine, oracle, ddcheck, or None (a library, ddschema/, a file outside the project)."""
+    rel = project_path(filename)
+    if rel is None or "site-packages/" in rel or rel.startswith((".venv/", "tests/")):
+        return None
+    parts = rel.split("/")
+    if parts[0] == "reference":
+        return "oracle"
+    if parts[0] != "harness":
+        return None
+    if rel in DDCHECK_FILES:
+        return "ddcheck"
+    return "engine" if len(parts) > 2 and parts[1] in ENGINE_PACKAGES else "ddcheck"
+
+
+def _shown(frame: traceback.FrameSummary) -> str:
+    rel = project_path(frame.filename)
+    if rel is None:
+        name = frame.filename
+        cut = name.rfind("site-packages/")
+        rel = name[cut + len("site-packages/"):] if cut >= 0 else name
+    return f"{rel}:{frame.lineno} ({frame.name})"
+
+
+def attribute(e: BaseException, step: int | None = None, in_step: bool = False) -> Crash:
+    """The side whose code raised `e`; a traceback with no frame of any side
+    (raised in a library called from nowhere we know) is ddcheck's."""
+    frames = traceback.extract_tb(e.__traceback__)
+    side, where = "ddcheck", None
+    for frame in reversed(frames):
+        found = side_of(frame.filename)
+        if found is not None:
+            side, where = found, _shown(frame)
+            break
+    raised_at = _shown(frames[-1]) if frames else "?"
+    error = traceback.format_exception_only(type(e), e)[-1].strip()
+    return Crash(side, where or raised_at, raised_at, error, step,
+                 "".join(traceback.format_exception(type(e), e, e.__traceback__)), in_step)

@@ -1,0 +1,409 @@
+"""One differential run: the engine under test next to the oracle, compared
+per (step, request, node), then the emitted streams against the oracle's
+greedy continuation."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Callable
+
+import torch
+
+from harness.check.summary import CheckSummary, FirstDivergence, summary_record
+from harness.check.compare.acceptance_stats import AcceptanceTally
+from harness.check.compare.metrics import compare_rows
+from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
+from harness.check.crash import Crash, attribute
+from harness.check.load_agreement import explain as explain_load
+from harness.engine.model.presets import PRESETS
+from harness.check.prepare import Prepared
+from harness.check.records import NodeRecord, RecordWriter, StreamRecord
+from harness.engine.loop import RequestStep
+from harness.engine.settings import RunSettings
+from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+
+
+def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
+          localize: bool = True) -> CheckSummary:
+    """Every verify step against the oracle, then the streams; the summary is
+    the last record. An exception is a finding, never the end of the
+    evidence: the divergences recorded before it stay, are localized, and a
+    `crash` record names the side that raised (harness/check/crash.py)."""
+    s = p.settings
+    tol = p.tolerance
+    writer.begin_run()
+    summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
+                           port=p.port.describe() if p.port else None, oracle_device=p.oracle_device,
+                           load_s=dict(p.load_s))
+    if p.rule is not None:
+        summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
+    if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
+        return _load_divergence(p, summary, writer)
+    progress = _Progress()
+    try:
+        _run_checks(p, summary, writer, on_step, progress)
+    except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
+        _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
+    if summary.first is not None and localize and summary.verdict != "internal-error":
+        _localize(p, summary, writer)
+    writer.write(summary_record(s, summary))
+    return summary
+
+
+@dataclass
+class _Progress:
+    step: int | None = None       # the last verify step the engine produced
+    in_step: bool = False         # that step is being checked
+    streams_checked: bool = False
+    ignored_prefix_keys: int = 0
+
+
+def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
+                on_step: Callable[[int, int], None] | None, progress: _Progress) -> None:
+    s = p.settings
+    tally = AcceptanceTally()
+    clock = StepClock()
+    # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
+    threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
+    for result in clock.timed(p.engine.rounds()):
+        progress.step, progress.in_step = result.step, True
+        summary.steps += 1
+        progress.ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
+        divergent_before = summary.divergent_nodes
+        with clock.oracle(), oracle_threads(threads):
+            for rs in result.requests:
+                ref = _check_request_step(rs, p, summary, writer)
+                _cross_check_acceptance(rs, s.accept, summary, writer)
+                _check_against_reference(p, rs, ref, summary, writer)
+                tally.add(rs.tree, rs.acceptance)
+                _note_prefix(summary, len(rs.prefix))
+        _check_batch_padding(p, result.step, summary)
+        _check_provenance(result.provenance, result.requests, summary, writer)
+        if p.port is not None:
+            _audit_port_step(p, result, summary, writer)
+        if on_step:
+            on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
+        summary.divergent_steps += summary.divergent_nodes > divergent_before
+        summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
+        if s.stop_after and summary.divergent_steps >= s.stop_after:
+            summary.stopped_early = True
+            summary.notes.append(f"stopped after {summary.divergent_steps} divergent steps (--stop-after "
+                                 f"{s.stop_after}); streams compared over the tokens emitted")
+            break
+        progress.in_step = False   # the engine's next round (or its end) is under way
+    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    tiles = getattr(p.engine.backend, "key_tiles", None)
+    summary.key_tiles = tiles(summary.prefix_len_max, p.engine.cfg.head_dim) if tiles and summary.steps else None
+    if not summary.stopped_early:   # an unfinished engine has no finish findings
+        _check_provenance(tuple(p.engine.finish_findings), (), summary, writer)
+    progress.streams_checked = True
+    streams: dict[str, float] = {}
+    with oracle_threads(threads), timed_phase(streams, "streams"):
+        _check_streams(p, summary, writer)
+    summary.streams_s = streams["streams"]
+    _add_notes(p, summary, progress.ignored_prefix_keys)
+
+
+def _crashed(p: Prepared, summary: CheckSummary, writer: RecordWriter, crash: Crash, progress: _Progress) -> None:
+    """A crash record; the divergences seen before it stand. An engine crash
+    is a divergence named "crash" when nothing diverged before it; after an
+    engine crash the streams are still compared over the tokens emitted."""
+    writer.write(crash.record(summary.setting))
+    summary.crash = crash.brief()
+    summary.error = crash.error
+    if crash.side == "engine" and not progress.streams_checked:
+        summary.stopped_early = True   # compare what was emitted, as a run stopped early does
+        try:
+            _check_streams(p, summary, writer)
+        except Exception as e:  # noqa: BLE001  (a second failure must not replace the first)
+            summary.notes.append(f"streams not compared: {attribute(e).sentence()}")
+    try:
+        _add_notes(p, summary, progress.ignored_prefix_keys)
+    except Exception:  # noqa: BLE001  (notes are a courtesy)
+        pass
+    before = summary.divergent_nodes + summary.stream_mismatches + summary.tree_mismatches \
+        + summary.accept_ref_mismatches + summary.accept_mismatches + summary.provenance_findings
+    if summary.first is None and crash.side == "engine":
+        step = crash.step if crash.step is not None else -1
+        summary.first = FirstDivergence(step, -1, -1, None, False, None, "crash", crash.sentence())
+    elif before:
+        summary.notes.append(f"{crash.sentence()}, after {before} divergences were recorded; the first of them "
+                             "is the one reported")
+    else:
+        summary.notes.append(crash.sentence())
+
+
+def _note_prefix(summary: CheckSummary, n: int) -> None:
+    summary.prefix_len_min = min(summary.prefix_len_min or n, n)
+    summary.prefix_len_max = max(summary.prefix_len_max, n)
+
+
+def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:
+    """The engine's parsed checkpoint differs from the oracle's own reading:
+    one `load` record per key or tensor, the summary names the first."""
+    for m in p.load_mismatches:
+        writer.write({**asdict(m), "setting": summary.setting, "verdict": "diverge"})
+    first = p.load_mismatches[0]
+    summary.load_mismatches = len(p.load_mismatches)
+    summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
+    summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    summary.stage, summary.quantity = "load", first.what   # the loader produced the first wrong quantity
+    writer.write(summary_record(p.settings, summary))
+    return summary
+
+
+def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> CheckSummary:
+    """An exception check() did not keep (building the engine or the oracle,
+    or ddcheck's own summary code): a crash record naming the side that
+    raised, and a failing summary in place of any other."""
+    crash = attribute(e)
+    if writer.run_id is None:
+        writer.begin_run()
+    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
+    summary = CheckSummary(setting=s.command(), crash=crash.brief(), error=crash.error)
+    if crash.side == "engine":
+        summary.first = FirstDivergence(-1, -1, -1, None, False, None, "crash", crash.sentence())
+        summary.fault_class, summary.explanation = "crash", crash.sentence()
+    writer.write(crash.record(summary.setting))
+    writer.write(summary_record(s, summary))
+    return summary
+
+
+def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter) -> torch.Tensor:
+    """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
+    tree = rs.tree
+    parents = [-1] + [int(x) for x in tree.parents[1:]]
+    ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
+    rule = p.rule
+    twin = p.twin.tree_logits(rs.prefix, tree) if rule is not None else None  # [num_rows, vocab] float32
+    accepted = set(rs.acceptance.rows)
+    real = tree.num_rows
+    metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
+    twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])] if rule is not None else None
+    for row in range(tree.q_len):
+        padding = row >= tree.num_rows
+        if padding:
+            finite = bool(torch.isfinite(rs.logits[row]).all())
+            summary.padding_rows += 1
+            if not finite:  # a padding row must see at least one key: NaN here is a fully masked row
+                summary.divergent_nodes += 1
+                if summary.first is None:
+                    summary.first = FirstDivergence(rs.step, rs.rid, row, None, True, None, "padding")
+            writer.write(NodeRecord(rs.step, rs.rid, row, None, None, None, True, False, None, None, None,
+                                    None, finite, "padding" if finite else "diverge", summary.setting))
+            continue
+        m = metrics[row]
+        twin_err = ratio = None
+        tol = p.tolerance
+        if rule is not None:
+            twin_err = twin_errs[row]
+            tol, ratio = rule.bound(twin_err), rule.ratio(m.rel_err, twin_err)
+            summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
+            summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
+        summary.max_node_bound = max(summary.max_node_bound, tol)
+        verdict = m.verdict(tol)
+        summary.nodes_checked += 1
+        summary.max_rel_err = max(summary.max_rel_err, m.rel_err)
+        summary.max_ref_scale = max(summary.max_ref_scale, m.ref_scale)
+        summary.near_ties += verdict == "near-tie"
+        if verdict == "diverge":
+            summary.divergent_nodes += 1
+            if summary.first is None:
+                summary.first = FirstDivergence(rs.step, rs.rid, row, tree.depths[row], tree.num_padding > 0, m.rel_err)
+        writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
+                                False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
+                                verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio))
+    return ref
+
+
+def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, summary: CheckSummary,
+                             writer: RecordWriter) -> None:
+    """The engine's tree (when its builder claims DDTree best-first and the
+    drafts are known) and its walk against the oracle's own."""
+    s = p.settings
+    verdicts = []
+    if p.engine.pipeline.tree_builder == DDTREE and rs.draft_logprobs is not None:
+        verdicts.append(("tree", check_tree(rs, p.oracle, s.budget, s.topk, summary.setting)))
+    tol = summary.max_node_bound if p.rule is not None else p.tolerance  # the nodes' own scale, not the ceiling
+    verdicts.append(("accept-ref", check_acceptance(rs, ref, p.oracle, tol, summary.setting, s.eos_id)))
+    for what, v in verdicts:
+        if v is None:
+            continue
+        writer.write(v.record)
+        if not v.diverged:
+            summary.reference_near_ties += 1
+            continue
+        if what == "tree":
+            summary.tree_mismatches += 1
+        else:
+            summary.accept_ref_mismatches += 1
+        if summary.first is None:
+            summary.first = FirstDivergence(rs.step, rs.rid, 0, None, rs.tree.num_padding > 0, None, what,
+                                            v.sentence)
+
+
+def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The port's metadata against the rules, whatever the logits say (harness/ports/audit.py)."""
+    reqs = result.requests
+    findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
+                            [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
+                            "prefix" in p.engine.backend.mask_regions)
+    for f in findings:
+        writer.write(f.record(summary.setting))
+        if f.severity == "error":
+            summary.audit_errors += 1
+        else:
+            summary.audit_warnings += 1
+        if summary.first_finding is None and (f.severity == "error" or summary.strict):
+            where = f"step {f.step}" + (f", request {f.request}" if f.request >= 0 else "")
+            summary.first_finding = f"{f.check} ({f.severity}) at {where}: {f.detail}"
+    warnings = [f for f in findings if f.severity == "warning"]
+    if warnings and not any(n.startswith("audit warning") for n in summary.notes):
+        summary.notes.append(f"audit warning: {warnings[0].check}: {warnings[0].detail}")
+
+
+def _ignored_prefix_keys(vb, backend) -> int:
+    """Prefix keys the mask blocks (a False in a prefix column of a request's
+    block) that the backend never reads, so they stay visible: the oracle,
+    like SGLang's kernel under skip_prefix_custom_mask, shows every row the
+    whole prefix, and the comparison judges against what the kernel does."""
+    if "prefix" in backend.mask_regions or vb.attn.custom_mask is None:
+        return 0
+    mask, indptr, n = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
+    blocked = 0
+    for b, prefix in enumerate(vb.seq_lens.tolist()):
+        block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]
+        blocked += int((~block[:, :prefix]).any(0).sum())
+    return blocked
+
+
+def _check_provenance(findings, requests, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The KV canary's findings (harness/engine/mem/provenance.py): each a `provenance` record and a divergence."""
+    for f in findings:
+        writer.write(f.record(summary.setting))
+        summary.provenance_findings += 1
+        if summary.first is None:
+            rids = [rs.rid for rs in requests]
+            rid = f.request if f.request in rids or not rids else rids[0]
+            summary.first = FirstDivergence(f.step, rid, 0, None, False, None, "provenance", f.text)
+
+
+def _cross_check_acceptance(rs: RequestStep, accept: str, summary: CheckSummary, writer: RecordWriter) -> None:
+    """The acceptor that did not drive the run must agree with the one that did."""
+    if rs.cross_check is None or rs.cross_check == rs.acceptance:
+        return
+    walk, sglang = (rs.acceptance, rs.cross_check) if accept == "walk" else (rs.cross_check, rs.acceptance)
+    summary.accept_mismatches += 1
+    if summary.first is None:
+        summary.first = FirstDivergence(rs.step, rs.rid, 0, None, rs.tree.num_padding > 0, None, "accept")
+    writer.write({"kind": "accept", "setting": summary.setting, "step": rs.step, "request": rs.rid,
+                  "walk_rows": list(walk.rows), "sglang_rows": list(sglang.rows),
+                  "walk_bonus": walk.bonus, "sglang_bonus": sglang.bonus, "verdict": "diverge"})
+
+
+def _add_notes(p: Prepared, summary: CheckSummary, ignored_prefix_keys: int) -> None:
+    backend = p.engine.backend
+    if ignored_prefix_keys:
+        summary.notes.append(f"mask blocks {ignored_prefix_keys} prefix keys; {backend.name} does not read the "
+                             "prefix columns (skip_prefix_custom_mask), so they stay visible")
+    if summary.tree_mismatches or summary.accept_ref_mismatches:
+        summary.notes.append(f"against the oracle's own build and walk: {summary.tree_mismatches} trees and "
+                             f"{summary.accept_ref_mismatches} walks differ (see the tree / accept-ref records)")
+    if summary.reference_near_ties:
+        summary.notes.append(f"{summary.reference_near_ties} tree or walk differences are near ties, not divergences")
+    if summary.accept_mismatches:
+        summary.notes.append(f"acceptance: walk and SGLang's verify_tree_greedy disagree on "
+                             f"{summary.accept_mismatches} (step, request) pairs (see the accept records)")
+    if p.engine.cross_accept is None:
+        summary.notes.append("acceptance cross-check skipped: SGLang's verify_tree_greedy_triton does not import")
+
+
+def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
+    n = p.settings.max_new_tokens   # a run stopped early (--stop-after) compares what it emitted
+    # an engine within tol * scale of the oracle can flip a choice whose gap is below twice that
+    tie = 2 * max(summary.max_node_bound, p.tolerance if p.rule is None else 0.0) * max(summary.max_ref_scale, 1.0)
+    for r, spec, ids in zip(p.engine.requests, p.prompts, p.prompt_ids):
+        got = r.emitted[:n]
+        ref, gaps = p.oracle.greedy(ids, len(got) if summary.stopped_early else n)
+        ref = cut_stream(ref, p.settings.eos_id)
+        first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), None)
+        verdict = "match"
+        if first is not None:
+            verdict = "near-tie" if gaps[first] <= tie else "diverge"
+        elif len(got) != len(ref):   # one side went on past a stop the other made: no tie explains that
+            first, verdict = min(len(got), len(ref)), "diverge"
+        if verdict == "diverge":
+            summary.stream_mismatches += 1
+            if summary.first is None:
+                summary.first = FirstDivergence(-1, r.rid, first, None, False, None, "stream")
+        writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting))
+
+
+def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:
+    """A greedy stream ended at its first end-of-sequence token (kept)."""
+    if eos_id is None or eos_id not in tokens:
+        return tokens
+    return tokens[:tokens.index(eos_id) + 1]
+
+
+def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
+    """Graph batch-padding (dummy) rows are discarded, but like padding rows
+    they must come out finite: NaN there means their mask was not theirs."""
+    replay = p.engine.graph.last if p.engine.graph is not None else None
+    if replay is None:
+        return
+    t = replay.live.seq_lens.numel() * replay.live.q_len
+    bad = (~torch.isfinite(replay.logits[t:]).all(-1)).nonzero().flatten().tolist()
+    summary.divergent_nodes += len(bad)
+    if bad and summary.first is None:
+        n = replay.live.q_len
+        summary.first = FirstDivergence(step, (t + bad[0]) // n, bad[0] % n, None, True, None, "batch-padding")
+
+
+def _crashed_inputs(p: Prepared, summary: CheckSummary) -> None:
+    """An engine crash: the crashed round's verify inputs that break SGLang's rules lead the explanation."""
+    from harness.check.localize.crash_audit import audit_crashed_round
+    from harness.check.localize.wrong import STAGE_WORDS, first_wrong
+    try:
+        w = first_wrong(audit_crashed_round(p))
+    except Exception as e:  # noqa: BLE001  (the crash verdict stands without it)
+        summary.notes.append(f"crash audit failed: {attribute(e).sentence()}")
+        return
+    if w is not None:
+        summary.stage, summary.quantity = STAGE_WORDS[w.stage], w.quantity
+        summary.explanation = (f"First wrong quantity: {w.quantity}, produced by the {summary.stage} stage, at step "
+                               f"{w.step}: {w.text}; then {summary.explanation}")
+
+
+def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
+    """Name the first divergence: a `localize` record and the summary's explanation."""
+    from harness.check.localize import localize
+    first = summary.first
+    if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
+        summary.fault_class, summary.explanation = first.what, first.detail
+        if first.what == "tree":
+            summary.stage, summary.quantity = "tree build", "tree"
+        else:
+            _crashed_inputs(p, summary)
+        return
+    try:
+        loc = localize(p, replace(first, what="accept") if first.what == "accept-ref" else first)
+    except (MemoryError, torch.cuda.OutOfMemoryError) as e:   # the verdict stands; say what did not fit
+        where = "GPU" if isinstance(e, torch.cuda.OutOfMemoryError) else "host"
+        summary.notes.append(f"localizer: not enough {where} memory to re-run the engine up to step {first.step} "
+                             "next to this run's; the verdict stands, unexplained")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
+        return
+    except Exception as e:  # noqa: BLE001  (a localizer bug must not hide the divergence it was naming)
+        summary.notes.append(f"localizer failed: {attribute(e).sentence()}")
+        if first.detail:
+            summary.fault_class, summary.explanation = first.what, first.detail
+        return
+    writer.write({**asdict(loc), "setting": summary.setting})
+    summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
+    summary.stage, summary.quantity = loc.stage, loc.quantity
+    if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
+        summary.fault_class, summary.explanation = "accept-ref", first.detail
+        summary.stage, summary.quantity = summary.stage or "accept", summary.quantity or "accepted_rows"
+    if first.what == "provenance" and loc.fault_class == "unknown":
+        summary.fault_class, summary.explanation = "kv-provenance", first.detail

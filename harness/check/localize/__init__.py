@@ -1,0 +1,5 @@
+"""Localization of a run's first divergence: mask probe, KV audit, layer
+bisect, graph/input/acceptance audits, then a fault class and a paragraph."""
+from harness.check.localize.driver import Localization, localize
+
+__all__ = ["Localization", "localize"]

@@ -1,0 +1,221 @@
+"""Everything a differential run needs, validated before anything runs or
+is written: both sides' readings of the checkpoint and their agreement, the
+backend, the pipeline (faults, a port), the prompts, the engine and the
+nodes' low-precision twins; `derive` makes another setting's run over the
+same weights and oracle."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ddschema import ModelConfig
+from harness.engine.attn import BackendUnavailable, make_backend
+from harness.verdict.noise_floor import NoiseFloorRule, verdict_rule
+from harness.verdict.tolerance import matmul_precision, rel_tolerance
+from harness.faults import apply_fault
+from harness.check.load_agreement import LoadMismatch, compare_loaded
+from harness.engine.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
+from harness.check.oracle_lookup import OracleUnavailable, load_oracle_class
+from harness.check.oracle_placement import choose_oracle_device, place_weights
+from harness.ports.attach import PortRun, attach_port
+from harness.check.causal_twin import CausalTwin
+from harness.engine.loop import Engine
+from harness.check.prompts import prompts_of
+from harness.engine.settings import (NotRunnableHere, PromptSpec, RunSettings, UsageError, prompt_tokens,
+                                     prompts_for_batch)
+from harness.check.step_clock import timed_phase
+
+# usage or environment errors: one line on stderr, exit 2, nothing written
+USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailable)
+
+
+def load_key(s: RunSettings) -> tuple:
+    """What a checkpoint's reading depends on: settings with the same key share one `Loaded`."""
+    return s.model, s.seed, s.dtype, s.device, s.sliding_window, s.oracle_device
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One checkpoint read by both sides and checked: the engine's tensors
+    (the checkpoint's dtype, on the run's device), the float64 oracle over
+    its own reading, and where the two disagree."""
+
+    key: tuple                     # load_key of the settings it was read for
+    cfg: ModelConfig               # the engine's parsing of config.json
+    weights: dict[str, torch.Tensor]
+    oracle: object
+    oracle_device: str             # where the float64 oracle computes
+    load_mismatches: tuple[LoadMismatch, ...]   # the engine's loader against the oracle's own reading
+    load_s: dict                   # wall seconds of each loading phase (timed_phase)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything validated before anything runs or is written."""
+
+    settings: RunSettings
+    engine: Engine
+    loaded: Loaded
+    prompts: list[PromptSpec]
+    prompt_ids: list[list[int]]
+    port: PortRun | None = None
+    twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
+    load_s: dict = field(default_factory=dict)   # this run's loading phases; empty when it reused a reading
+
+    @property
+    def oracle(self):
+        return self.loaded.oracle
+
+    @property
+    def oracle_device(self) -> str:
+        return self.loaded.oracle_device
+
+    @property
+    def load_mismatches(self) -> tuple[LoadMismatch, ...]:
+        return self.loaded.load_mismatches
+
+    @property
+    def rule(self) -> NoiseFloorRule | None:
+        """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
+        s = self.settings
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
+
+    @property
+    def tolerance(self) -> float:
+        """Relative logit tolerance for this run: the settings' own if given,
+        the noise-floor rule's ceiling when it judges, else by dtype and by
+        what the backend multiplies in (TF32 for SGLang's kernel on CUDA in
+        float32)."""
+        if self.rule is not None:
+            return self.rule.ceiling
+        if self.settings.tolerance is not None:
+            return self.settings.tolerance
+        return rel_tolerance(matmul_precision(self.settings.dtype, self.engine.backend))
+
+
+def prepare(s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
+    """Raises UsageError / ModelLoadError / BackendUnavailable on bad input. Prompts:
+    the given ones, else the settings' (harness/check/prompts.py)."""
+    loaded = load(s)
+    return build(s, loaded, prompts, load_s=loaded.load_s)
+
+
+def load(s: RunSettings) -> Loaded:
+    """Both sides read the checkpoint (a preset is first written out as one),
+    the engine's tensors are checked finite, the oracle goes where it fits,
+    and the two readings are compared."""
+    phases: dict[str, float] = {}
+    with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
+        with timed_phase(phases, "engine_load"):
+            cfg, weights = load_checkpoint(directory)
+            weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
+            check_finite_weights(weights, s.model)
+        oracle_device = choose_oracle_device(s, weights)
+        with timed_phase(phases, "oracle_load"):
+            oracle = load_oracle_from(directory, s.model, oracle_device)
+    with timed_phase(phases, "load_agreement"):
+        load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
+    return Loaded(load_key(s), cfg, weights, oracle, oracle_device, load_mismatches, phases)
+
+
+def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None = None, pipeline=None,
+          port: PortRun | None = None, backend=None, load_s: dict | None = None) -> Prepared:
+    """One setting's engine over a checkpoint already read: the backend (or
+    the one given), the pipeline (the given one, else the setting's fault and
+    port), the prompts checked against the vocabulary, and the twins."""
+    if load_key(s) != loaded.key:
+        raise ValueError("a reading of a checkpoint serves only settings with its model, seed, dtype, device, "
+                         "window and oracle device")
+    phases = dict(load_s or {})
+    cfg = loaded.cfg
+    if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
+        from harness.engine.attn.sglang_triton import float32_dots
+        float32_dots(s.tf32)
+    if backend is None:
+        with timed_phase(phases, "backend"):
+            backend = make_backend(s.backend, s.device, s.torch_dtype)
+    check_capturable(s, backend)
+    if pipeline is None:
+        pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
+    specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s))
+    ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
+    for spec, toks in zip(specs, ids):
+        if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
+            raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
+                             f"(vocab_size {cfg.vocab_size})")
+    if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
+        raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
+    with timed_phase(phases, "engine_build"):
+        engine = Engine(s, cfg, loaded.weights, backend, specs, ids, pipeline)  # shared; cast only off the run dtype
+        twin = twin_for(s, engine)
+    return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})
+
+
+def check_capturable(s: RunSettings, backend) -> None:
+    """Real CUDA graphs need a backend that reads no indptr on the host."""
+    if s.cuda_graph and s.device.startswith("cuda") and not backend.graph_capturable:
+        raise NotRunnableHere(f"--cuda-graph on CUDA needs a backend that can be captured; {s.backend} "
+                              "reads indptrs on the host (use --backend sglang-triton)")
+
+
+def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
+    """The nodes' low-precision twins when the noise-floor verdict judges the run."""
+    if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
+        return None
+    # the kernel as made: a pipeline's change to the attention is under test, the twin measures the dtype's noise
+    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len)
+
+
+def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,
+           pipeline=None) -> Prepared:
+    """A fresh engine for settings `s` (default: p's own) over p's reading of
+    the checkpoint: nothing is read or loaded again, so a localizer or a
+    study of many settings holds one copy of an 8B model's weights and one
+    oracle. p's own settings keep p's pipeline (custom stages and its port)
+    unless `pipeline` is given; other settings get their own fault and port.
+    The settings must keep p's load_key."""
+    s = s or p.settings
+    same = s == p.settings
+    if load_key(s) != p.loaded.key:
+        raise ValueError("derive keeps the model, seed, dtype, device, window and oracle device of the run it "
+                         "derives from")
+    if prompts is None and same:
+        prompts = tuple(p.prompts)
+    if pipeline is None and same:
+        pipeline = p.engine.pipeline
+    port = p.port if same else None   # another setting's port: build attaches it with its fault
+    backend = p.engine.kernel if s.backend == p.settings.backend else None
+    return build(s, p.loaded, prompts, pipeline=pipeline, port=port, backend=backend)
+
+
+class LoadCache:
+    """One checkpoint reading held at a time: consecutive settings with the
+    same load_key read the checkpoint once (a sweep over an 8B checkpoint, a
+    reducer's candidates). Each Prepared says whether it loaded (load_s)."""
+
+    def __init__(self) -> None:
+        self.loaded: Loaded | None = None
+
+    def prepare(self, s: RunSettings, prompts: tuple[PromptSpec, ...] | None = None) -> Prepared:
+        if self.loaded is not None and self.loaded.key == load_key(s):
+            return build(s, self.loaded, prompts)
+        self.loaded = None   # the last model goes before the next is read
+        self.loaded = load(s)
+        return build(s, self.loaded, prompts, load_s=self.loaded.load_s)
+
+
+def check_finite_weights(weights: dict, model: str) -> None:
+    """A checkpoint with NaN or Inf in a tensor is bad input, named before anything runs."""
+    for name, w in weights.items():
+        if w.is_floating_point() and not bool(torch.isfinite(w).all()):
+            raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
+
+
+def load_oracle_from(directory, model: str, device: str = "cpu"):
+    """The registered oracle over its own reading of the checkpoint, computing
+    on `device`; a checkpoint it refuses is a usage error."""
+    try:
+        return load_oracle_class().from_checkpoint(directory, device=device)
+    except ValueError as e:
+        raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None

@@ -1,0 +1,106 @@
+"""What one differential run found: the first divergence and the summary
+record every report, gate and sweep reads (records render, never recompute)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+from harness.check.records import provenance
+from harness.engine.settings import RunSettings
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    step: int
+    request: int
+    node: int
+    depth: int | None
+    padding_present: bool
+    rel_err: float | None
+    what: str = "node"   # node | padding (non-finite padding row) | batch-padding (graph dummy row) | stream | accept
+    #                     | config | weights (the engine's loader disagrees with the oracle's reading)
+    #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
+    #                     | provenance (a KV slot read or written against the canary's record of it)
+    #                     | crash (the engine under test raised before anything diverged; detail names where)
+    detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
+
+
+@dataclass
+class CheckSummary:
+    setting: str
+    nodes_checked: int = 0
+    divergent_nodes: int = 0
+    near_ties: int = 0
+    padding_rows: int = 0
+    steps: int = 0
+    stream_mismatches: int = 0
+    accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
+    load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
+    tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
+    accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
+    reference_near_ties: int = 0    # tree or walk differences explained by a near tie
+    mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
+    acceptance_by_depth: list[float] = field(default_factory=list)  # [depth - 1] P(walk reaches depth | offered)
+    max_rel_err: float = 0.0
+    verdict_rule: str = "fixed"      # fixed (the dtype's table) | noise-floor (each node against its twin)
+    noise_rule: dict | None = None   # multiplier, floor, ceiling of the noise-floor rule
+    max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, floor) over judged nodes
+    max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model
+    max_node_bound: float = 0.0            # largest tolerance a node was judged at
+    max_ref_scale: float = 0.0
+    tolerance: float | None = None   # the relative tolerance the nodes were judged at
+    first: FirstDivergence | None = None
+    notes: list[str] = field(default_factory=list)
+    fault_class: str | None = None   # the localizer's class of the first divergence
+    explanation: str | None = None   # the localizer's paragraph
+    stage: str | None = None         # the localizer's stage of the first wrong quantity
+    quantity: str | None = None      # and that quantity
+    port: dict | None = None         # the port under test (--impl): which stages were its own
+    audit_errors: int = 0            # structural findings on the port's metadata (audit records)
+    audit_warnings: int = 0          # findings that change no logits on this kernel
+    first_finding: str | None = None
+    strict: bool = False             # warnings fail the run too
+    provenance_findings: int = 0     # KV canary findings: slots read or written against their provenance
+    divergent_steps: int = 0         # verify steps with at least one divergent node
+    stopped_early: bool = False      # the run ended after --stop-after divergent steps
+    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
+    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
+    oracle_device: str | None = None        # where the float64 oracle computed
+    load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (engine_load, oracle_load, ...)
+    streams_s: float | None = None          # wall seconds of the stream check (the oracle's greedy streams)
+    prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
+    prefix_len_max: int = 0
+    key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
+    crash: dict | None = None               # an exception met during the check: side, where, error, step
+    error: str | None = None                # its last line (the crash's `error`)
+
+    @property
+    def verdict(self) -> str:
+        """pass | diverge (a divergence, or the engine under test crashed) |
+        oracle-crash (the oracle raised before anything diverged) |
+        internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
+        side = (self.crash or {}).get("side")
+        if side == "ddcheck":
+            return "internal-error"
+        if not self.checks_passed or side == "engine":
+            return "diverge"
+        return "oracle-crash" if side == "oracle" else "pass"
+
+    @property
+    def passed(self) -> bool:
+        return self.crash is None and self.checks_passed
+
+    @property
+    def checks_passed(self) -> bool:
+        """No check found a divergence (whatever crashed after)."""
+        return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+                and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
+                and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
+                and self.provenance_findings == 0)
+
+
+def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
+    d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
+    return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
+            "settings": s.to_dict(), **d, **provenance(),
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}

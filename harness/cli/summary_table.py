@@ -1,0 +1,79 @@
+"""The run's summary as a table on the terminal: a rendering of the summary
+record's fields, nothing recomputed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.check.summary import CheckSummary
+
+
+def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
+    t = Table(title=summary.setting, show_header=False)
+    t.add_row("verify steps", str(summary.steps))
+    t.add_row("nodes checked", str(summary.nodes_checked))
+    t.add_row("divergent nodes", str(summary.divergent_nodes))
+    t.add_row("near ties", str(summary.near_ties))
+    t.add_row("padding rows seen", str(summary.padding_rows))
+    if summary.verdict_rule == "noise-floor":
+        r = summary.noise_rule
+        t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
+        t.add_row("noise ratio", f"max {summary.max_noise_ratio or 0:.2f} (diverge above {r['multiplier']:g} x "
+                                 f"max(twin, {r['floor']:.1e}), or above {r['ceiling']:g})")
+    else:
+        t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
+    t.add_row("stream mismatches", str(summary.stream_mismatches))
+    if summary.prefix_len_max:
+        tiles = f"; the kernel walks {summary.key_tiles} key tiles of the longest" if summary.key_tiles else ""
+        t.add_row("prefix length", f"{summary.prefix_len_min} to {summary.prefix_len_max} tokens{tiles}")
+    if summary.engine_s_per_step is not None:
+        t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
+                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on "
+                                   f"{summary.oracle_device})")
+    if summary.load_s:
+        phases = ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in summary.load_s.items())
+        streams = f"; stream check {summary.streams_s:.1f} s" if summary.streams_s is not None else ""
+        t.add_row("load time", f"{sum(summary.load_s.values()):.1f} s ({phases}){streams}")
+    if summary.stopped_early:
+        t.add_row("stopped early", f"after {summary.divergent_steps} divergent steps (--stop-after)")
+    if summary.mean_accepted_length is not None:
+        depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
+        t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")
+    f = summary.first
+    if f is None:
+        t.add_row("first divergence", "none")
+    elif f.what == "accept":
+        t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
+    elif f.what in ("tree", "accept-ref", "crash"):
+        t.add_row("first divergence", f"{f.what}: {f.detail}")
+    elif f.what == "provenance":
+        t.add_row("first divergence", f"step {f.step}, request {f.request}, KV provenance: {f.detail}")
+    elif f.what in ("config", "weights"):
+        t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
+    elif f.what == "stream":
+        t.add_row("first divergence", f"request {f.request}: emitted stream differs at token {f.node}")
+    else:
+        err = "non-finite" if f.rel_err is None else f"{f.rel_err:.2e}"
+        t.add_row("first divergence", f"step {f.step}, request {f.request}, node {f.node} (depth {f.depth}), "
+                  f"rel. error {err}, padding rows {'present' if f.padding_present else 'absent'}")
+    if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
+        pt = summary.port
+        stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""
+        t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
+                                 f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
+        t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
+                                  + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
+    if summary.explanation:
+        t.add_row("localized", f"[bold]{escape(str(summary.fault_class))}[/]: {escape(summary.explanation)}")
+    for note in summary.notes:
+        t.add_row("note", escape(note))
+    if summary.crash:
+        t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
+    t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
+                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
+    console.print(t)
+    typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

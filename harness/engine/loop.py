@@ -1,0 +1,249 @@
+"""The engine loop: prefill, then per round draft, build tree, verify
+inputs, verify, accept, commit. It yields what each round did and leaves
+comparison, timing and tracing to its caller."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from ddschema import ModelConfig
+from harness.engine.attn.base import AttentionBackend
+from harness.engine.mem.paged import pool_slots
+from harness.engine.mem.pool import KVPool, ReqToTokenPool
+from harness.engine.mem.provenance import BATCH_PADDING, ProvenanceFinding
+from harness.engine.model.llama import LlamaModel
+from harness.engine.graph import GraphRunner
+from harness.engine.pipeline import Pipeline
+from harness.engine.settings import PromptSpec, RunSettings, UsageError
+from harness.engine.ddtree.accept import Acceptance, cut_at_stop
+from harness.engine.ddtree.accept_sglang import pick_acceptors
+from harness.engine.ddtree.drafter import DrafterConfig, NoisyOracleDrafter
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import VerifyBatch, prefill_metadata
+
+
+@dataclass
+class Request:
+    """Live state of one request (engine-internal, mutable)."""
+
+    rid: int
+    prompt: list[int]
+    spec: PromptSpec
+    req_pool_idx: int
+    seq_len: int = 0                                   # committed (cached) positions
+    finished: bool = False
+    emitted: list[int] = field(default_factory=list)  # generated tokens; the last is the next root
+    continuation: list[int] = field(default_factory=list)  # target's greedy, for the drafter
+
+    def committed_tokens(self) -> list[int]:
+        """Token ids at cache positions 0..seq_len-1."""
+        return self.prompt + self.emitted[:-1]
+
+
+@dataclass(frozen=True)
+class RequestStep:
+    """What one verify round did for one request."""
+
+    step: int
+    rid: int
+    prefix: tuple[int, ...]     # committed token ids before this round
+    tree: DraftTree
+    logits: torch.Tensor        # [q_len, vocab] float32 on CPU, every verify row
+    row_slots: tuple[int, ...]  # [q_len] out_cache_loc of the rows
+    acceptance: Acceptance
+    cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
+    draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    requests: tuple[RequestStep, ...]
+    batch: VerifyBatch
+    provenance: tuple[ProvenanceFinding, ...] = ()  # the KV canary's findings on this round's reads and writes
+
+
+class Engine:
+    def __init__(self, settings: RunSettings, cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                 backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
+                 pipeline: Pipeline = Pipeline()):
+        self.s, self.cfg, self.pipeline = settings, cfg, pipeline
+        self.kernel = backend   # the backend as made; the verify runs through the pipeline's wrapping of it
+        self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
+        dev, q_len = settings.device, pipeline.width(settings.budget)
+        self.q_len = q_len
+        self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)
+        self.max_context = max(map(len, prompt_ids)) + settings.max_new_tokens + q_len + 2
+        if self.max_context > cfg.max_position:
+            raise UsageError(f"prompts + --max-new-tokens + q_len need {self.max_context} positions; "
+                             f"the model has {cfg.max_position}")
+        num_slots = pool_slots(len(prompts), self.max_context, q_len, settings.page_size)
+        self.pool = KVPool(cfg, num_slots, settings.torch_dtype, dev, poison=settings.kv_poison,
+                           page_size=settings.page_size)
+        self.finish_findings: list[ProvenanceFinding] = []  # committed slots already free when a request retired
+        self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
+        # settings.accept drives the run; the other acceptor is cross-checked every step
+        self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
+        self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
+        self.requests = [Request(i, ids, spec, self.req_pool.alloc())
+                         for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
+        self.graph = (GraphRunner(self._verify_forward, q_len, len(prompts), self.max_context,
+                                  self.req_pool.req_to_token, dev, pipeline.graph)
+                      if settings.cuda_graph else None)
+
+    # -- stages ---------------------------------------------------------------
+    def _verify_forward(self, input_ids, positions, meta) -> torch.Tensor:
+        return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
+
+    def prefill(self) -> None:
+        """Causal extend of every prompt; the last logits give the first root."""
+        lens = [len(r.prompt) for r in self.requests]
+        # page size > 1: each prompt on pages of its own (alloc takes fresh pages)
+        loc = torch.cat([self.pool.allocator.alloc(n) for n in lens] if self.s.page_size > 1
+                        else [self.pool.allocator.alloc(sum(lens))]).to(self.s.device)
+        ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
+        pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
+        meta = prefill_metadata(lens, loc).to(self.s.device)
+        logits = self.model.forward(ids, pos, meta, self.pool, self.backend)
+        owners = torch.cat([torch.full((n,), r.rid) for r, n in zip(self.requests, lens)])
+        self.pool.provenance.stamp(loc.cpu(), owners, pos.cpu(), ids.cpu())
+        ends = torch.cumsum(torch.tensor(lens), 0) - 1
+        for r, n, end, start in zip(self.requests, lens, ends.tolist(), (ends - torch.tensor(lens) + 1).tolist()):
+            self.req_pool.req_to_token[r.req_pool_idx, :n] = loc[start:start + n]
+            r.seq_len = n
+            r.emitted = [int(logits[end].argmax())]
+            r.continuation = self._greedy_continuation(r)
+
+    def _greedy_continuation(self, r: Request) -> list[int]:
+        """The target's own greedy stream (what a perfect drafter would say),
+        from the same weights through the plain torch backend: the drafter is
+        not under test, so a broken backend cannot also break the drafts."""
+        from harness.engine.dense import dense_greedy
+        return dense_greedy(self.model, r.prompt, self.s.max_new_tokens + self.s.block_size)
+
+    def verify(self, vb: VerifyBatch) -> torch.Tensor:
+        if self.graph is not None:
+            return self.graph.verify(vb)
+        return self._verify_forward(vb.input_ids, vb.positions, vb.attn)
+
+    # -- the loop -------------------------------------------------------------
+    def rounds(self) -> Iterator[StepResult]:
+        self.prefill()
+        step = 0
+        while active := self._retire_finished():
+            yield self._round(step, active)
+            step += 1
+
+    def _retire_finished(self) -> list[Request]:
+        """Free the memory of requests that have all their tokens or emitted the
+        end-of-sequence token; return the rest."""
+        for r in self.requests:
+            stopped = self.s.eos_id is not None and self.s.eos_id in r.emitted
+            if not r.finished and (len(r.emitted) >= self.s.max_new_tokens or stopped):
+                self._finish(r)
+        return [r for r in self.requests if not r.finished]
+
+    def _round(self, step: int, active: list[Request]) -> StepResult:
+        s, p = self.s, self.pipeline
+        trees, drafts = [], []
+        for r in active:
+            lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
+            drafts.append(lp)
+            trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
+        q = self.q_len
+        if any(t.q_len != q for t in trees):
+            raise ValueError(f"the tree stage built widths {sorted({t.q_len for t in trees})}; the run's verify "
+                             f"width is {q}")
+        placed = None
+        if s.page_size > 1:   # branch regions of whole pages (harness/engine/ddtree/verify_slots.py)
+            r2t = self.req_pool.req_to_token
+            loc, placed = p.place_rows(self.pool.allocator, self.pool, trees, [r.seq_len for r in active],
+                                       [r2t[r.req_pool_idx, :r.seq_len].cpu() for r in active])
+            loc = loc.to(s.device)
+        else:
+            loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
+        vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
+                                  self.req_pool.req_to_token, loc, p.build_mask)
+        if self.cfg.sliding_window is not None:
+            vb = p.window(vb, self.cfg.sliding_window)
+        vb = vb.to(s.device)
+        logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
+        findings = self._canary(step, active, vb)
+        out = []
+        flat = logits.argmax(-1).tolist() if p.read_bonus is not None else None
+        for b, (r, tree) in enumerate(zip(active, trees)):
+            rows = slice(b * q, (b + 1) * q)
+            predicts = logits[rows].argmax(-1).tolist()
+            acc = self.accept(tree, predicts)
+            if flat is not None:
+                acc = Acceptance(acc.rows, p.read_bonus(flat, b, q, trees, acc))
+            acc = p.stop(tree, acc, s.eos_id)
+            cross = self.cross_accept(tree, predicts) if self.cross_accept else None
+            cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
+            out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
+                                   tuple(loc[rows].tolist()), acc, cross, drafts[b]))
+        self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu(), placed)
+        for r, tree, rs in zip(active, trees, out):
+            r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
+        return StepResult(step, tuple(out), vb, tuple(findings))
+
+    def _canary(self, step: int, active: list[Request], vb: VerifyBatch) -> list[ProvenanceFinding]:
+        """What the kernel wrote and read this round (a graph replay's static
+        buffers, batch padding included) against each slot's provenance."""
+        prov, q = self.pool.provenance, self.q_len
+        replay = self.graph.last if self.graph is not None else None
+        meta = replay.meta if replay is not None else vb.attn
+        ids = (replay.input_ids if replay is not None else vb.input_ids).cpu()      # [rows]
+        pos = (replay.positions if replay is not None else vb.positions).cpu()      # [rows]
+        loc = meta.out_cache_loc.cpu()                                               # [rows]
+        owners = torch.full((loc.numel(),), BATCH_PADDING, dtype=torch.int64)
+        for b, r in enumerate(active):
+            owners[b * q:(b + 1) * q] = r.rid
+        r2t = self.req_pool.req_to_token.cpu()
+        committed = {int(sl): (r.rid, j) for r in self.requests if not r.finished
+                     for j, sl in enumerate(r2t[r.req_pool_idx, :r.seq_len].tolist())}
+        found = prov.check_writes(step, loc, owners, pos, self.pool.allocator.owned, committed)
+        prov.stamp(loc, owners, pos, ids)
+        kvp, kv = meta.kv_indptr.tolist(), meta.kv_indices.cpu()
+        for b, r in enumerate(active):
+            found += prov.check_reads(step, r.rid, kv[kvp[b]:kvp[b + 1]], r.committed_tokens())
+        return found
+
+    def _commit(self, active: list[Request], trees: list[DraftTree], accs: list[Acceptance],
+                loc: torch.Tensor, placed: list | None = None) -> None:
+        """loc  # [bs*q_len] the verify rows' slots. Per request, or the pipeline's batched commit;
+        placed: the paged placements (page size > 1), compacted by the pipeline's commit_paged."""
+        p, q = self.pipeline, self.q_len
+        if placed is not None:
+            for r, pl, acc in zip(active, placed, accs):
+                r.seq_len = p.commit_paged(self.req_pool, self.pool, r.req_pool_idx, r.seq_len, pl, acc)
+            return
+        if p.commit_batch is not None:
+            lens = p.commit_batch(self.req_pool, self.pool, [r.req_pool_idx for r in active],
+                                  [r.seq_len for r in active], loc, trees, accs)
+            for r, n in zip(active, lens):
+                # a port's commit copies K/V with its own code (the port audit checks those bytes):
+                # the canary does not judge the positions it committed
+                self.pool.provenance.written(self.req_pool.req_to_token[r.req_pool_idx, r.seq_len:int(n)])
+                r.seq_len = int(n)
+            return
+        for b, (r, acc) in enumerate(zip(active, accs)):
+            r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len,
+                                 loc[b * q:(b + 1) * q], acc)
+
+    def _finish(self, r: Request) -> None:
+        del r.emitted[self.s.max_new_tokens:]
+        slots = self.req_pool.req_to_token[r.req_pool_idx, :r.seq_len].cpu()
+        owned = self.pool.allocator.owned
+        held = torch.tensor([s in owned for s in slots.tolist()], dtype=torch.bool)
+        if not bool(held.all()):  # a commit freed slots the request still points at: report, free the rest
+            j = int((~held).nonzero()[0])
+            self.finish_findings.append(ProvenanceFinding(
+                -1, r.rid, "freed-committed", int(slots[j]), j, f"request {r.rid} retires with {int((~held).sum())} "
+                f"committed positions (first {j}) on KV slots already free (first {int(slots[j])})"))
+        self.pool.allocator.free(slots[held])
+        self.req_pool.free(r.req_pool_idx)
+        r.finished = True
+

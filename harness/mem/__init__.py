@@ -1,3 +1,0 @@
-from harness.mem.pool import KVPool, ReqToTokenPool, SlotAllocator, OutOfSlots
-
-__all__ = ["KVPool", "ReqToTokenPool", "SlotAllocator", "OutOfSlots"]

@@ -1,0 +1,122 @@
+"""`ddcheck calibrate`: measure a model's fault-free error distribution over a
+case's settings and write the tolerances it supports into the case file.
+
+bf16 / fp16 settings are judged by the noise floor; calibration keeps the
+floor and sets
+    multiplier = max(1.5, 1.25 x the largest fault-free e_engine / e_twin)
+    ceiling    = min(0.9, max(3 x the largest fault-free error, 2 x floor))
+float32 settings get a fixed tolerance of 10 x the largest fault-free error
+(at least 1e-7). The margins mirror the defaults' own (harness/check/compare/
+noise_floor.py, tolerance.py): the correct runs sit well inside, and the
+report of the calibration shows the distribution it came from.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from harness.verdict.noise_floor import NOISE_FLOOR
+from harness.engine.settings import RunSettings, UsageError
+
+
+@dataclass(frozen=True)
+class Calibration:
+    dtype: str
+    settings: int
+    nodes: int
+    max_rel_err: float
+    p99_rel_err: float
+    max_noise_ratio: float | None
+    failed: int                                    # settings that diverged even so (never written)
+    value: float | tuple[float, float, float]      # what goes into [tolerances]
+
+    def toml(self) -> str:
+        if isinstance(self.value, tuple):
+            m, f, c = self.value
+            return f"{self.dtype} = {{ multiplier = {m:.3g}, floor = {f:.3g}, ceiling = {c:.3g} }}"
+        return f"{self.dtype} = {self.value:.3g}"
+
+
+def parse_noise_rule(text: str | None) -> tuple[float, float, float] | None:
+    if text is None:
+        return None
+    try:
+        m, f, c = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--noise-rule takes MULTIPLIER,FLOOR,CEILING (e.g. 1.75,0.0039,0.25), got {text!r}") from None
+    return m, f, c
+
+
+def calibration_settings(case) -> list[RunSettings]:
+    """The case's fault-free settings, judged by the default rule for their dtype, run to the end."""
+    out = []
+    for s in case.settings():
+        if s.fault is None:
+            out.append(replace(s, tolerance=None, noise_rule=None, verdict="auto", stop_after=0))
+    return out
+
+
+def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
+    from harness.check.differential import check
+    from harness.check.prepare import LoadCache
+    from harness.check.records import RecordWriter
+    from harness.workflows.cases import prompts_for
+    loads = LoadCache()   # a case's settings of one model read its checkpoint once
+    errs: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    counts: dict[str, list[int]] = {}
+    for i, s in enumerate(settings):
+        w = RecordWriter(None)
+        summary = check(loads.prepare(s, prompts_for(s)), w, localize=False)
+        nodes = [r for r in map(json.loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
+        errs.setdefault(s.dtype, []).extend(float(r["rel_err"]) for r in nodes if isinstance(r["rel_err"], float))
+        ratios.setdefault(s.dtype, []).extend(r["noise_ratio"] for r in nodes if r.get("noise_ratio") is not None)
+        c = counts.setdefault(s.dtype, [0, 0])
+        c[0] += 1
+        c[1] += not summary.passed
+        if on_setting:
+            on_setting(i, s, summary)
+    return [_calibrate(d, errs[d], ratios[d], *counts[d]) for d in errs]
+
+
+def _calibrate(dtype: str, errs: list[float], ratios: list[float], n_settings: int, failed: int) -> Calibration:
+    if not errs:
+        raise UsageError(f"calibrate: the {dtype} settings judged no node")
+    ordered = sorted(errs)
+    top, p99 = ordered[-1], ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    if dtype in NOISE_FLOOR:
+        floor = NOISE_FLOOR[dtype].floor
+        worst = max(ratios) if ratios else 1.0
+        value = (round(max(1.5, 1.25 * worst), 3), floor, round(min(0.9, max(3 * top, 2 * floor)), 4))
+        return Calibration(dtype, n_settings, len(errs), top, p99, worst, failed, value)
+    return Calibration(dtype, n_settings, len(errs), top, p99, None, failed, float(f"{max(10 * top, 1e-7):.3g}"))
+
+
+def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path) -> str:
+    """The case file's text with its [tolerances] table replaced by the
+    calibrated one (everything else kept line for line); validated by
+    parsing it back before it is written, atomically."""
+    from harness.workflows.cases import load_case
+    from harness.check.records import write_text_atomic
+    lines = Path(case_path).read_text(encoding="utf-8").splitlines()
+    kept, skipping = [], False
+    for line in lines:
+        header = line.strip().startswith("[")
+        if header:
+            skipping = line.strip() == "[tolerances]"
+        if not skipping:
+            kept.append(line)
+    while kept and not kept[-1].strip():
+        kept.pop()
+    text = "\n".join(kept + ["", "[tolerances]   # ddcheck calibrate: see docs/CASES.md"]
+                     + [c.toml() for c in calibrations]) + "\n"
+    probe = out.with_name(f".{out.name}.calibrate-check.toml")
+    try:
+        probe.write_text(text, encoding="utf-8")
+        load_case(probe)   # the new file must parse as a case, or nothing is written
+    finally:
+        probe.unlink(missing_ok=True)
+    write_text_atomic(out, text)
+    return text

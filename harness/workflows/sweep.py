@@ -1,0 +1,293 @@
+"""Many settings, each one independent `check`, spread over a process pool.
+
+Workers are spawned (not forked) so that each starts clean; on a machine
+without CUDA the parent sets TRITON_INTERPRET=1 before spawning, so every
+worker imports triton (SGLang's kernels, the acceptance cross-check) under
+the interpreter. Each worker returns its setting's JSONL lines; the parent
+writes them all to one file, in setting order, once every setting is done.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, replace
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+from harness.check.records import RecordWriter
+from harness.report.model import expected_fault_caught
+from harness.engine.settings import DEFAULT_PROMPTS, NotRunnableHere, PromptSpec, RunSettings, UsageError
+
+
+@dataclass(frozen=True)
+class SettingJob:
+    index: int
+    settings: RunSettings
+    prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS
+    case: str = "sweep"
+    label: str = ""                  # the matrix table or expected fault it came from
+    expect_fault: str | None = None  # set when the gate expects this run to be caught
+    acceptance: object | None = None  # an AcceptanceBaseline the run's mean accepted length must hold
+
+    @property
+    def cost(self) -> int:
+        """Rough relative cost, to start the slow settings first."""
+        slow_backend = 4 if self.settings.backend != "torch" else 1
+        return self.settings.batch * (self.settings.budget + 1) * slow_backend
+
+
+def short_label(s: RunSettings) -> str:
+    """The matrix axes of a setting in one line (tables, progress lines, JUnit names)."""
+    fault = f" +{s.fault}" if s.fault else ""
+    port = f" [{s.impl.partition(':')[0]}]" if s.impl else ""
+    page = f" page{s.page_size}" if s.page_size != 1 else ""
+    window = f" swa{s.sliding_window}" if s.sliding_window is not None else ""
+    return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
+            f"{s.dtype}{window}{page}{fault}{port}")
+
+
+def with_impls(jobs: list[SettingJob], impls: list[str] | None, port_stages: str | None = None) -> list[SettingJob]:
+    """Every job once per port under test (--impl, repeatable: a sweep axis)."""
+    if not impls:
+        if port_stages:
+            raise UsageError("--port-stages needs --impl")
+        return jobs
+    from harness.ports.registry import parse_impl
+    labels = [parse_impl(i).label for i in impls]
+    out = [replace(j, settings=replace(j.settings, impl=lab, port_stages=port_stages)) for lab in labels for j in jobs]
+    return [replace(j, index=i) for i, j in enumerate(out)]
+
+
+def on_device(jobs: list[SettingJob], device: str) -> list[SettingJob]:
+    """Every job's settings moved to `device` (case files do not name one)."""
+    return [replace(j, settings=replace(j.settings, device=device)) for j in jobs]
+
+
+def verdict(job: SettingJob, r: SettingResult) -> str:
+    """The table's verdict: error | pass | DIVERGE, or for an expected fault
+    caught (diverged and named as its catalog entry says) | MISSED."""
+    if r.usage_error:
+        return "error"
+    if r.summary.get("verdict") in ("internal-error", "oracle-crash"):
+        return r.summary["verdict"]   # ddcheck could not judge this setting
+    if r.summary.get("skipped"):
+        return "skip"
+    if job.expect_fault:
+        return "caught" if expected_fault_caught(r.summary) else "MISSED"
+    return "pass" if r.passed else "DIVERGE"
+
+
+def unjudged_lines(results: list["SettingResult"]) -> list[str]:
+    """One line per setting ddcheck could not judge (its own crash or the
+    oracle's): a sweep or gate with any exits 3."""
+    out = []
+    for r in results:
+        crash = r.summary.get("crash") or {}
+        if r.summary.get("verdict") in ("internal-error", "oracle-crash"):
+            who = "internal error (a bug in ddcheck)" if crash.get("side") == "ddcheck" else "the oracle raised"
+            out.append(f"ddcheck: {who}: {crash.get('error')} at {crash.get('where')} (setting: {r.setting})")
+    return out
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    index: int
+    setting: str            # the reproduce command
+    summary: dict           # the summary record
+    localize: dict | None   # the localize record, when the check wrote one
+    lines: tuple[str, ...]  # every JSONL line of the setting
+    wall_s: float
+    usage_error: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.usage_error is None and bool(self.summary.get("passed"))
+
+
+def run_job(job: SettingJob, loads=None) -> SettingResult:
+    """One setting, in this process. Usage errors come back as data; an
+    exception inside the engine is a failing setting (a crash is a finding).
+    loads: a harness.check.prepare.LoadCache the caller's settings share (one
+    reading of a checkpoint for consecutive settings of the same model)."""
+    from harness.check.differential import check, write_crash_summary
+    from harness.check.summary import CheckSummary, summary_record
+    from harness.check.prepare import LoadCache
+    from harness.check.prepare import USAGE_ERRORS
+    from harness.ports.attach import SettingSkipped
+    t0 = time.perf_counter()
+    s = job.settings
+    writer = RecordWriter(None)
+    try:
+        prepared = (loads or LoadCache()).prepare(s, job.prompts)
+    except (SettingSkipped, NotRunnableHere) as e:   # the port or this machine cannot run it: a summary saying why
+        writer.begin_run()
+        writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
+        return SettingResult(job.index, s.command(), json.loads(writer.lines[-1]), None, tuple(writer.lines),
+                             time.perf_counter() - t0)
+    except USAGE_ERRORS as e:
+        return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
+    except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
+        prepared = None
+        write_crash_summary(s, writer, e)
+    if prepared is not None:
+        try:
+            check(prepared, writer)
+        except Exception as e:  # noqa: BLE001  (check() keeps its crashes; one that escaped it, attributed)
+            write_crash_summary(s, writer, e)
+    if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
+        last_line = json.loads(writer.lines.pop())
+        assert last_line["kind"] == "summary", "check() writes the summary last"
+        from harness.faults.registry import catalog
+        writer.write({**last_line, "expect_fault": job.expect_fault,
+                      "expect_class": catalog()[job.expect_fault].expected_class})
+    records = [json.loads(ln) for ln in writer.lines]
+    summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
+    localize = next((r for r in records if r["kind"] == "localize"), None)
+    return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a sweep: the settings that finished, in job order."""
+
+    def __init__(self, finished: list[SettingResult], total: int) -> None:
+        super().__init__(f"interrupted after {len(finished)} of {total} settings")
+        self.finished, self.total = finished, total
+
+
+def _worker_init() -> None:
+    _die_with_parent()        # first: importing torch takes seconds on a loaded machine
+    import torch
+    torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
+
+
+def _die_with_parent() -> None:
+    """A worker gets SIGKILL when the sweep's process dies, however it dies
+    (kill -9 included), instead of running on as an orphan (Linux prctl)."""
+    import ctypes
+    import signal
+    import sys
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except OSError:
+            return
+        if os.getppid() == 1:   # the parent died before the signal was armed
+            os._exit(1)
+
+
+def prepare_environment() -> None:
+    """TRITON_INTERPRET must be in the environment before any process imports
+    triton; spawned workers inherit it."""
+    import torch
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def validate(jobs: list[SettingJob]) -> None:
+    """Fail fast, before any setting runs: every backend builds here and every
+    model is known (raises the usage errors of harness.check.prepare.USAGE_ERRORS)."""
+    from harness.engine.attn import make_backend
+    from harness.workflows.cases import model_vocab
+    prepare_environment()
+    for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
+        make_backend(backend, device, RunSettings(dtype=dtype).torch_dtype)
+    for model in {j.settings.model for j in jobs}:
+        model_vocab(model)
+
+
+def default_jobs() -> int:
+    return os.cpu_count() or 1
+
+
+def run_jobs(jobs: list[SettingJob], n_jobs: int,
+             on_done: Callable[[SettingJob, SettingResult], None] | None = None) -> list[SettingResult]:
+    """Run every job (in a spawned process pool when n_jobs > 1); results in job order."""
+    prepare_environment()
+    by_index = {j.index: j for j in jobs}
+    results: dict[int, SettingResult] = {}
+
+    def done(r: SettingResult) -> None:
+        results[r.index] = r
+        if on_done:
+            on_done(by_index[r.index], r)
+
+    read_once = [j for j in jobs if reads_checkpoint(j)]
+    ordered = sorted((j for j in jobs if not reads_checkpoint(j)), key=lambda j: -j.cost)
+    try:
+        if n_jobs <= 1 or len(ordered) <= 1:
+            for job in ordered:
+                done(run_job(job))
+        else:
+            _run_pool(ordered, n_jobs, done)
+        run_reading_once(read_once, done)
+    except KeyboardInterrupt:
+        raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None
+    return [results[j.index] for j in jobs]
+
+
+def reads_checkpoint(job: SettingJob) -> bool:
+    """A checkpoint directory, not a preset: reading it costs seconds to
+    minutes and, on a GPU, its memory; its settings share one reading."""
+    from harness.engine.model.presets import PRESETS
+    return job.settings.model not in PRESETS
+
+
+def run_reading_once(jobs: list[SettingJob], done) -> None:
+    """Settings of checkpoint directories, in this process, grouped by what
+    the reading depends on (harness.check.prepare.load_key): each checkpoint is
+    read once and held alone; a worker per setting would read it once each,
+    and on one GPU hold it once each."""
+    from harness.check.prepare import LoadCache, load_key
+    loads = LoadCache()
+    for job in sorted(jobs, key=lambda j: (repr(load_key(j.settings)), -j.cost)):
+        done(run_job(job, loads))
+    loads.loaded = None
+
+
+def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:
+    pool = ProcessPoolExecutor(min(n_jobs, len(ordered)), mp_context=get_context("spawn"), initializer=_worker_init)
+    try:
+        pending = {pool.submit(run_job, j) for j in ordered}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                done(f.result())
+    except KeyboardInterrupt:   # cancel what has not started; the running workers are stopped
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
+def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:
+    """One JSONL for the whole sweep, settings in order (each line carries `setting`);
+    after a Ctrl-C, a last `interrupted` record (finished, total)."""
+    writer = RecordWriter(path)
+    for r in results:
+        writer.lines.extend(r.lines)
+    if interrupted:
+        writer.write({"kind": "interrupted", "finished": interrupted[0], "total": interrupted[1]})
+    writer.commit()
+
+
+def summary_frame(jobs: list[SettingJob], results: list[SettingResult]):
+    """One row per setting: axes, nodes checked, divergent nodes, first divergence."""
+    import pandas as pd
+    from harness.report.model import describe_first
+    rows = []
+    for j, r in zip(jobs, results):
+        s, m = j.settings, r.summary
+        rows.append({"#": j.index, "case": j.case, "budget": s.budget, "topk": s.topk,
+                     "graph": "on" if s.cuda_graph else "off", "backend": s.backend, "batch": s.batch,
+                     "dtype": s.dtype, "fault": s.fault or "", "nodes": m.get("nodes_checked", 0),
+                     "divergent": m.get("divergent_nodes", 0), "near_ties": m.get("near_ties", 0),
+                     "max_rel_err": m.get("max_rel_err", float("nan")),
+                     "accepted": m.get("mean_accepted_length"),
+                     "first_divergence": r.usage_error or describe_first(m),
+                     "verdict": verdict(j, r),
+                     "seconds": round(r.wall_s, 1)})
+    return pd.DataFrame(rows)
