@@ -1,14 +1,14 @@
 """Who raised: an exception met during a check, attributed to the side whose
 code raised it.
 
-- `engine`: the engine under test (harness/runner, harness/engine/ddtree,
-  harness/engine/attn, harness/ports, harness/engine/mem, harness/engine/model, harness/faults, and
-  whatever code they call: a port's own file, a stage swapped into the
-  pipeline);
+- `engine`: the engine under test (harness/engine, harness/ports,
+  harness/faults, and whatever code they call: a port's own file, a stage
+  swapped into the pipeline);
 - `oracle`: the float64 reference (reference/);
-- `ddcheck`: ddcheck's own check code (harness/check/differential.py, harness/check/compare,
-  harness/check/localize, records, reports, the KV canary, the port audit, the
-  noise-floor twin).
+- `ddcheck`: ddcheck's own code (harness/check: the comparison, the
+  localizer, records, the noise-floor twin; harness/verdict, the reports, the
+  workflows; and two instruments inside the engine's folders: the KV canary
+  and the port audit).
 
 The innermost frame in one of those folders decides: a frame in a library
 (torch, SGLang), in ddschema/ or in a file outside the project (a port's
@@ -22,11 +22,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent  # the project: harness/, reference/, ddschema/
+ROOT = Path(__file__).resolve().parents[2]  # the project: harness/, reference/, ddschema/
 
-ENGINE_PACKAGES = {"runner", "ddtree", "attn", "ports", "mem", "model", "faults"}
+ENGINE_PACKAGES = {"engine", "ports", "faults"}
 # files inside the engine's folders that are ddcheck's instruments, not the engine
-DDCHECK_FILES = {"harness/check/causal_twin.py", "harness/engine/mem/provenance.py", "harness/ports/audit.py"}
+DDCHECK_FILES = {"harness/engine/mem/provenance.py", "harness/ports/audit.py"}
 
 SIDES = ("engine", "oracle", "ddcheck")
 

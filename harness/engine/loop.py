@@ -16,6 +16,7 @@ from harness.engine.mem.provenance import BATCH_PADDING, ProvenanceFinding
 from harness.engine.model.llama import LlamaModel
 from harness.engine.graph import GraphRunner
 from harness.engine.pipeline import Pipeline
+from harness.engine.round_stages import choose_accept, choose_row_slots, choose_window
 from harness.engine.settings import PromptSpec, RunSettings, UsageError
 from harness.engine.ddtree.accept import Acceptance, cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
@@ -86,6 +87,10 @@ class Engine:
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
         self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
+        # the round's variable parts, chosen here once (harness/engine/round_stages.py)
+        self.rows = choose_row_slots(pipeline, self.pool, self.req_pool, q_len, dev, settings.page_size)
+        self.fold_window = choose_window(pipeline, cfg.sliding_window)
+        self.accept_request = choose_accept(self.accept, pipeline, q_len)
         self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
@@ -146,45 +151,29 @@ class Engine:
         return [r for r in self.requests if not r.finished]
 
     def _round(self, step: int, active: list[Request]) -> StepResult:
-        s, p = self.s, self.pipeline
-        trees, drafts = [], []
-        for r in active:
-            lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
-            drafts.append(lp)
-            trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
-        q = self.q_len
+        """Draft, build trees, place rows, verify inputs, verify, accept, commit."""
+        s, p, q = self.s, self.pipeline, self.q_len
+        drafts = [self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step) for r in active]
+        trees = [p.build_tree(r.emitted[-1], lp, s.budget, s.topk) for r, lp in zip(active, drafts)]
         if any(t.q_len != q for t in trees):
             raise ValueError(f"the tree stage built widths {sorted({t.q_len for t in trees})}; the run's verify "
                              f"width is {q}")
-        placed = None
-        if s.page_size > 1:   # branch regions of whole pages (harness/engine/ddtree/verify_slots.py)
-            r2t = self.req_pool.req_to_token
-            loc, placed = p.place_rows(self.pool.allocator, self.pool, trees, [r.seq_len for r in active],
-                                       [r2t[r.req_pool_idx, :r.seq_len].cpu() for r in active])
-            loc = loc.to(s.device)
-        else:
-            loc = self.pool.allocator.alloc(len(active) * q).to(s.device)
+        rows = self.rows.place(active, trees)
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
-                                  self.req_pool.req_to_token, loc, p.build_mask)
-        if self.cfg.sliding_window is not None:
-            vb = p.window(vb, self.cfg.sliding_window)
-        vb = vb.to(s.device)
+                                  self.req_pool.req_to_token, rows.loc, p.build_mask)
+        vb = self.fold_window(vb).to(s.device)
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
         findings = self._canary(step, active, vb)
+        predicts = logits.argmax(-1).tolist()   # [bs*q_len]
+        loc = rows.loc.tolist()
         out = []
-        flat = logits.argmax(-1).tolist() if p.read_bonus is not None else None
         for b, (r, tree) in enumerate(zip(active, trees)):
-            rows = slice(b * q, (b + 1) * q)
-            predicts = logits[rows].argmax(-1).tolist()
-            acc = self.accept(tree, predicts)
-            if flat is not None:
-                acc = Acceptance(acc.rows, p.read_bonus(flat, b, q, trees, acc))
-            acc = p.stop(tree, acc, s.eos_id)
-            cross = self.cross_accept(tree, predicts) if self.cross_accept else None
+            acc = p.stop(tree, self.accept_request(tree, predicts, b, trees), s.eos_id)
+            cross = self.cross_accept(tree, predicts[b * q:(b + 1) * q]) if self.cross_accept else None
             cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
-            out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[rows],
-                                   tuple(loc[rows].tolist()), acc, cross, drafts[b]))
-        self._commit(active, trees, [rs.acceptance for rs in out], loc.cpu(), placed)
+            out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[b * q:(b + 1) * q],
+                                   tuple(loc[b * q:(b + 1) * q]), acc, cross, drafts[b]))
+        self.rows.commit(active, trees, [rs.acceptance for rs in out], rows)
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
         return StepResult(step, tuple(out), vb, tuple(findings))
@@ -210,28 +199,6 @@ class Engine:
         for b, r in enumerate(active):
             found += prov.check_reads(step, r.rid, kv[kvp[b]:kvp[b + 1]], r.committed_tokens())
         return found
-
-    def _commit(self, active: list[Request], trees: list[DraftTree], accs: list[Acceptance],
-                loc: torch.Tensor, placed: list | None = None) -> None:
-        """loc  # [bs*q_len] the verify rows' slots. Per request, or the pipeline's batched commit;
-        placed: the paged placements (page size > 1), compacted by the pipeline's commit_paged."""
-        p, q = self.pipeline, self.q_len
-        if placed is not None:
-            for r, pl, acc in zip(active, placed, accs):
-                r.seq_len = p.commit_paged(self.req_pool, self.pool, r.req_pool_idx, r.seq_len, pl, acc)
-            return
-        if p.commit_batch is not None:
-            lens = p.commit_batch(self.req_pool, self.pool, [r.req_pool_idx for r in active],
-                                  [r.seq_len for r in active], loc, trees, accs)
-            for r, n in zip(active, lens):
-                # a port's commit copies K/V with its own code (the port audit checks those bytes):
-                # the canary does not judge the positions it committed
-                self.pool.provenance.written(self.req_pool.req_to_token[r.req_pool_idx, r.seq_len:int(n)])
-                r.seq_len = int(n)
-            return
-        for b, (r, acc) in enumerate(zip(active, accs)):
-            r.seq_len = p.commit(self.req_pool, self.pool.allocator, r.req_pool_idx, r.seq_len,
-                                 loc[b * q:(b + 1) * q], acc)
 
     def _finish(self, r: Request) -> None:
         del r.emitted[self.s.max_new_tokens:]

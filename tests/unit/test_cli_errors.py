@@ -47,7 +47,7 @@ def test_unregistered_oracle_is_an_environment_error():
 
 def test_engine_crash_exits_1_and_keeps_a_failing_summary(tmp_path, monkeypatch):
     """A crash inside the engine under test is a finding: exit 1, records written, summary names the error."""
-    from harness.runner import engine as engine_mod
+    from harness.engine import loop as engine_mod
 
     def crash(self, step, active):
         raise RuntimeError("illegal memory access")

@@ -69,7 +69,7 @@ def test_a_crash_at_the_end_keeps_the_divergences_before_it(tmp_path, leak_then_
 
 
 def test_an_engine_crash_with_nothing_before_it_is_a_divergence_named_crash(tmp_path, monkeypatch):
-    from harness.runner import engine as engine_mod
+    from harness.engine import loop as engine_mod
 
     def crash(self, step, active):
         raise RuntimeError("illegal memory access")

@@ -17,7 +17,7 @@ from harness.check.differential import check
 from harness.check.prepare import prepare
 from harness.check.compare.tree_accept import check_acceptance
 from harness.check.records import RecordWriter
-from harness.runner import engine as engine_module
+from harness.engine import loop as engine_module
 from harness.engine.loop import RequestStep
 from harness.engine.pipeline import Pipeline
 from harness.engine.settings import RunSettings
