@@ -70,7 +70,7 @@ class Engine:
     def __init__(self, settings: RunSettings, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                  backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
                  pipeline: Pipeline = Pipeline()):
-        self.s, self.cfg, self.pipeline = settings, cfg, pipeline
+        self.s, self.cfg, self._pipeline = settings, cfg, pipeline
         self.kernel = backend   # the backend as made; the verify runs through the pipeline's wrapping of it
         self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
         dev, q_len = settings.device, pipeline.width(settings.budget)
@@ -87,10 +87,7 @@ class Engine:
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
         self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
-        # the round's variable parts, chosen here once (harness/engine/round_stages.py)
-        self.rows = choose_row_slots(pipeline, self.pool, self.req_pool, q_len, dev, settings.page_size)
-        self.fold_window = choose_window(pipeline, cfg.sliding_window)
-        self.accept_request = choose_accept(self.accept, pipeline, q_len)
+        self._choose_stages()
         self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
@@ -99,6 +96,23 @@ class Engine:
                       if settings.cuda_graph else None)
 
     # -- stages ---------------------------------------------------------------
+    @property
+    def pipeline(self) -> Pipeline:
+        return self._pipeline
+
+    @pipeline.setter
+    def pipeline(self, pipeline: Pipeline) -> None:
+        """A pipeline swapped in after the build (a test's or a study's planted stage) brings its stages."""
+        self._pipeline = pipeline
+        self._choose_stages()
+
+    def _choose_stages(self) -> None:
+        """The round's variable parts, chosen once per pipeline (harness/engine/round_stages.py)."""
+        p, q = self._pipeline, self.q_len
+        self.rows = choose_row_slots(p, self.pool, self.req_pool, q, self.s.device, self.s.page_size)
+        self.fold_window = choose_window(p, self.cfg.sliding_window)
+        self.accept_request = choose_accept(self.accept, p, q)
+
     def _verify_forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.workflows.cases import DEFAULT_CASE, CaseError, load_case
+from harness.workflows.cases import DEFAULT_CASE, CaseError, load_case, prompts_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = """
@@ -137,5 +137,5 @@ def test_case_tolerance_is_what_the_nodes_are_judged_at(tmp_path, tol, passes):
     assert settings and all(s.tolerance == tol for s in settings)
     s = settings[0]
     assert f"--tolerance {tol:g}" in s.command()
-    summary = check(prepare(s), RecordWriter(None), localize=False)
+    summary = check(prepare(s, prompts_for(s)), RecordWriter(None), localize=False)
     assert summary.tolerance == tol and summary.passed is passes

@@ -62,7 +62,7 @@ def test_a_crash_at_the_end_keeps_the_divergences_before_it(tmp_path, leak_then_
     assert any(r["kind"] == "node" and r["verdict"] == "diverge" and r["step"] == 0 for r in records)
     # ... and the crash after it is recorded, attributed to the engine, at the allocator's line
     (crash,) = [r for r in records if r["kind"] == "crash"]
-    assert crash["side"] == "engine" and crash["where"].startswith("harness/engine/mem/pool.py:")
+    assert crash["side"] == "engine" and crash["where"].startswith("harness/engine/mem/allocator.py:")
     assert "not allocated" in crash["error"] and crash["step"] == 1 and not crash["in_step"]  # in the last round
     assert summary["crash"]["side"] == "engine"
     assert "the engine under test raised ValueError" in result.output

@@ -8,7 +8,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from harness.engine.attn import base, sglang_triton
+from harness.engine.attn import registry, sglang_triton
 from harness.engine.attn.base import BackendUnavailable
 from harness.engine.ddtree import accept_sglang
 
@@ -35,7 +35,7 @@ def test_missing_sglang_is_one_line_naming_the_install_command(no_sglang):
     assert "pip install --no-deps sglang==0.5.23" in msg
     assert MISSING[0] in msg
     assert not sglang_triton.available()
-    assert base.default_backend() == "torch"
+    assert registry.default_backend() == "torch"
 
 
 def test_too_old_sglang_is_refused(monkeypatch):
@@ -52,7 +52,7 @@ def test_too_old_sglang_is_refused(monkeypatch):
 
 def test_installed_sglang_is_the_default_backend():
     assert sglang_triton.available()
-    assert base.default_backend() == "sglang-triton"
+    assert registry.default_backend() == "sglang-triton"
 
 
 def test_cli_backend_sglang_without_sglang_exits_2_and_writes_nothing(no_sglang, cli, tmp_path):
