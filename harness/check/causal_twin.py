@@ -13,7 +13,9 @@ once per step, then one extend batch with one sequence per leaf's root path
 The twin is the engine's own model code on the causal path: a bug shared by
 that path (a RoPE or loader error) moves both and is left to the ceiling and
 to the fixed float32 runs.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -15,7 +15,9 @@ The innermost frame in one of those folders decides: a frame in a library
 checkout, a test) is passed over, so a stage defined in a test and called by
 the engine is the engine's, and an exception torch raises inside ddcheck's
 comparison is ddcheck's.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import traceback

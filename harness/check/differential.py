@@ -1,6 +1,8 @@
 """One differential run: the engine under test next to the oracle, compared
 per (step, request, node), then the emitted streams against the oracle's
-greedy continuation."""
+greedy continuation.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace

@@ -2,7 +2,9 @@
 loader output (its parsed ModelConfig and weights) against the oracle's own
 reading of the same directory: every config field, then every tensor the
 forward pass uses. A disagreement is a divergence of kind "config" or
-"weights", before any verify step runs."""
+"weights", before any verify step runs.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields

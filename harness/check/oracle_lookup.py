@@ -1,5 +1,7 @@
 """Find the oracle through the `ddcheck.oracles` entry point: harness/ talks to
-it only through ddschema.Oracle and never imports reference/."""
+it only through ddschema.Oracle and never imports reference/.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from importlib.metadata import entry_points

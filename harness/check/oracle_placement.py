@@ -5,7 +5,9 @@ engine's (what the GPU has free now, less the engine's weights in the run
 dtype and a reserve for activations, K/V and the kernels' workspace), else
 the CPU with every core. float64 on the GPU is still float64: the oracle's
 arithmetic and code are the same, only where they run changes.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -2,7 +2,9 @@
 is written: both sides' readings of the checkpoint and their agreement, the
 backend, the pipeline (faults, a port), the prompts, the engine and the
 nodes' low-precision twins; `derive` makes another setting's run over the
-same weights and oracle."""
+same weights and oracle.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,7 +7,9 @@ A prompt file is either JSON token ids (a list of ints for one prompt, or a
 list of such lists) or any other text, which is one prompt tokenized by the
 checkpoint directory's own `tokenizer.json`. Prompts drawn by length take
 the seed's prompts' drafter accuracies in turn (0.9, 0.3, 0.8, 0.2).
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import json

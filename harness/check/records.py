@@ -1,4 +1,6 @@
-"""Record types (docs/RECORDS.md) and an all-or-nothing JSONL writer."""
+"""Record types (docs/RECORDS.md) and an all-or-nothing JSONL writer.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import functools

@@ -3,7 +3,9 @@
 The engine's time is what the rounds generator spends producing a step; the oracle's is what the
 comparison of that step spends (its float64 forwards dominate). On CUDA the engine's time is taken
 after a synchronize, so queued kernels are counted in the step that queued them.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,7 @@
 """What one differential run found: the first divergence and the summary
-record every report, gate and sweep reads (records render, never recompute)."""
+record every report, gate and sweep reads (records render, never recompute).
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -1,7 +1,9 @@
 """`ddcheck` command line. Every command exits 0 (all match), 1 (divergence),
 2 (usage or environment error, one line on stderr, nothing written), 3
 (ddcheck's own error, or the oracle's) or 130 (interrupted); docs/RECORDS.md,
-"Exit codes"."""
+"Exit codes".
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import sys

@@ -1,5 +1,7 @@
 """The typer application every command registers on, with click's own parse
-errors turned into one line and exit 2. Imports nothing of ddcheck."""
+errors turned into one line and exit 2. Imports nothing of ddcheck.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import sys

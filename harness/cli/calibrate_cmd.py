@@ -1,5 +1,7 @@
 """`ddcheck calibrate CASE`: measure the fault-free error distribution of a
-case's settings and write the tolerances it supports into the case file."""
+case's settings and write the tolerances it supports into the case file.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""Shared CLI pieces: error mapping, device choice, settings from flags."""
+"""Shared CLI pieces: error mapping, device choice, settings from flags.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import sys

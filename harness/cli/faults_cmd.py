@@ -1,4 +1,6 @@
-"""`ddcheck faults`: the fault catalog; `--check` runs the self-test."""
+"""`ddcheck faults`: the fault catalog; `--check` runs the self-test.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,6 @@
-"""`ddcheck gate`, the CI gate before a deploy, and `ddcheck cases`."""
+"""`ddcheck gate`, the CI gate before a deploy, and `ddcheck cases`.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import time

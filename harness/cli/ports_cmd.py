@@ -1,4 +1,6 @@
-"""`ddcheck ports`: the port families and their conventions."""
+"""`ddcheck ports`: the port families and their conventions.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from rich.console import Console

@@ -1,4 +1,6 @@
-"""`ddcheck reduce`: the smallest setting that still fails, as a case file and a repro script."""
+"""`ddcheck reduce`: the smallest setting that still fails, as a case file and a repro script.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from pathlib import Path

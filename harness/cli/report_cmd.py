@@ -1,4 +1,6 @@
-"""`ddcheck report`: JSONL records in, one self-contained HTML file out."""
+"""`ddcheck report`: JSONL records in, one self-contained HTML file out.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,6 @@
-"""`ddcheck run`: one setting, compared per node, summarised."""
+"""`ddcheck run`: one setting, compared per node, summarised.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,8 @@
 """`ddcheck run --impl A --impl B`: several implementations on the same
 drafts (the drafter is seeded per request and step), each checked against
-the oracle, then compared with each other node by node."""
+the oracle, then compared with each other node by node.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,7 @@
 """The run's summary as a table on the terminal: a rendering of the summary
-record's fields, nothing recomputed."""
+record's fields, nothing recomputed.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 from pathlib import Path

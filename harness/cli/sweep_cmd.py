@@ -1,5 +1,7 @@
 """`ddcheck sweep`: a setting matrix from comma-list flags or a case file,
-settings spread over a process pool, one JSONL, a summary table."""
+settings spread over a process pool, one JSONL, a summary table.
+
+Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,8 @@
 """The target's own greedy continuation, for the drafter to imitate. Uses the
-plain torch backend on a scratch pool: the drafter is not under test."""
+plain torch backend on a scratch pool: the drafter is not under test.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -5,7 +5,10 @@ place before each replay, batches padded to their bucket with dummy requests
 
 On CUDA it records a torch.cuda.CUDAGraph. On CPU it replays the captured
 closure over the same static buffers, so stale-buffer and bucket bugs behave
-as they would on a GPU."""
+as they would on a GPU.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

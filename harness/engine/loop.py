@@ -1,6 +1,9 @@
 """The engine loop: prefill, then per round draft, build tree, verify
 inputs, verify, accept, commit. It yields what each round did and leaves
-comparison, timing and tracing to its caller."""
+comparison, timing and tracing to its caller.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,8 @@
 """The verify pipeline as swappable stages. Each field is a plain function;
-a user (or a fault) replaces one with dataclasses.replace."""
+a user (or a fault) replaces one with dataclasses.replace.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

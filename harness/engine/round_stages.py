@@ -9,7 +9,10 @@ the engine is built, so the round itself reads as the method's stages:
 - how a request's acceptance is read: the pipeline's walk, or the walk with a
   port's batched bonus read.
 
-Owns these choices; imports only the engine's own stages and memory."""
+Owns these choices; imports only the engine's own stages and memory.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

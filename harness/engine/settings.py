@@ -1,4 +1,7 @@
-"""Run settings and the requests of a run."""
+"""Run settings and the requests of a run.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import shlex

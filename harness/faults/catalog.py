@@ -1,5 +1,7 @@
 """The fault catalog (DOMAIN.md section 4). Each fault swaps one pipeline
-stage or flips one graph option; none of them is special-cased elsewhere."""
+stage or flips one graph option; none of them is special-cased elsewhere.
+
+Layer: faults. Imports the engine and below; never ports, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -3,7 +3,9 @@ graph option swapped for a broken variant), what it breaks, the settings
 under which it can show, and the class the localizer must name for it
 (tests/unit/test_localize_evidence.py holds every class against the
 localizer's). Owns the Fault record and the conditions a fault may need;
-imports only the engine."""
+imports only the engine.
+
+Layer: faults. Imports the engine and below; never ports, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

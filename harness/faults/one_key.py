@@ -1,7 +1,9 @@
 """The weakest mask bugs: one key gained or lost by one row. Plain mask
 stages (Pipeline.build_mask), not catalog faults: they measure how small a
 leak a verdict still sees (benchmarks/noise_floor_study.py, the noise-floor
-tests), which is what a tolerance must be judged by."""
+tests), which is what a tolerance must be judged by.
+
+Layer: faults. Imports the engine and below; never ports, check, report, workflows or cli."""
 from __future__ import annotations
 
 from typing import Callable

@@ -1,6 +1,8 @@
 """The fault catalog by name: look a fault up, say why it cannot show under
 a run's settings, apply it to a pipeline. Imports the catalog and the
-engine; nothing above them."""
+engine; nothing above them.
+
+Layer: faults. Imports the engine and below; never ports, check, report, workflows or cli."""
 from __future__ import annotations
 
 from harness.engine.pipeline import Pipeline

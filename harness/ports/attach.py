@@ -1,5 +1,7 @@
 """A port attached to a run: its adapter, the stages it drives, its audit log,
-and why a setting is one the port cannot run."""
+and why a setting is one the port cannot run.
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

@@ -4,7 +4,9 @@ Each finding names what was wrong, where, expected against found. A finding
 that cannot change logits on the chosen kernel (a fully masked padding row
 under SGLang's Triton kernel, which outputs 0 there) is a warning; the others
 are errors. `--strict` makes warnings fail the run too.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

@@ -5,7 +5,9 @@ Utility modules of a serving stack import the server at module level
 not need to build a tree or a mask. Such an import is tried for real first;
 only when it fails is it replaced by a stub, and every stub is reported, so a
 port that really needs the server fails loudly when it touches one.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 import hashlib

@@ -4,7 +4,9 @@ The server computes `mask_indptr` itself (cumsum of q_len * (prefix_b +
 q_len)) and the kernel reads the port's buffer through it, flat. A mask laid
 out any other way (a rectangle, a short buffer) therefore reaches the kernel
 shifted or cut, exactly as in a deployment: nothing here repairs it.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

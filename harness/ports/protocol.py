@@ -7,7 +7,9 @@ never repairs what the port produced. Four stages, each optional:
 - compile(trees, prefix_lens) -> CompiledVerify (ids, positions, the mask as the port hands it)
 - accept(trees, target_argmax) -> list[Acceptance]
 - commit(trees, acceptances, state) -> CommitResult (the port's commit on a ServingState)
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,5 +1,7 @@
 """Port families: built-in adapters, plus third-party ones registered under
-the `ddcheck.ports` entry-point group. `--impl FAMILY:PATH` picks one."""
+the `ddcheck.ports` entry-point group. `--impl FAMILY:PATH` picks one.
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

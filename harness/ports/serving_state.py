@@ -7,7 +7,9 @@ What a DDTree commit touches in SGLang: `req_to_token_pool.req_to_token`
 `set_kv_buffer(layer, loc, cache_k, cache_v)` / `move_kv_cache(tgt, src)`,
 and the batch's `req_pool_indices`, `seq_lens` and `out_cache_loc`. Every
 call is recorded, so the audit can say what the port kept, freed and moved.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,7 +4,9 @@
 picked), keeps ddcheck's for the rest, and audits the port's metadata as it
 flows: every finding lands in the run's AuditLog, which the check drains
 after each verify step.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace

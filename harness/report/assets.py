@@ -1,7 +1,9 @@
 """The page skeleton, its inline stylesheet and script. The script collects
 any error (window.onerror) into #js-errors, and once the page is laid out
 writes what it sees drawn into #render-status (data-* attributes), which the
-browser test reads back from the DOM."""
+browser test reads back from the DOM.
+
+Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
 from html import escape

@@ -5,7 +5,9 @@ The page: a coloured grid of the setting matrix, each cell linking to its
 details; for a failing setting, the first divergence and its explanation,
 the expected and effective masks, the draft tree, per-node error, the layer
 curve, both token streams and the reproduce command. It renders records only.
-"""
+
+
+Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,8 @@
 """Records grouped per setting, as the report reads them. Nothing here
 recomputes a metric: every number shown comes from a record (docs/RECORDS.md).
-No torch import anywhere under harness/report."""
+No torch import anywhere under harness/report.
+
+Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
 import json

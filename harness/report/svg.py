@@ -1,6 +1,8 @@
 """Inline SVG pieces of the report: mask heatmaps, the draft tree, log-scale
 error charts. Each function takes record fields and returns markup; every
-piece of text goes through `esc`."""
+piece of text goes through `esc`.
+
+Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
 import math

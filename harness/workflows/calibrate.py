@@ -9,7 +9,9 @@ float32 settings get a fixed tolerance of 10 x the largest fault-free error
 (at least 1e-7). The margins mirror the defaults' own (harness/check/compare/
 noise_floor.py, tolerance.py): the correct runs sit well inside, and the
 report of the calibration shows the distribution it came from.
-"""
+
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json

@@ -42,7 +42,9 @@ was expected, in one line.
     bfloat16 = { multiplier = 1.6, floor = 0.0039, ceiling = 0.2 }
 
 docs/CASES.md documents every key.
-"""
+
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import itertools

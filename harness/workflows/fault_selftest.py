@@ -1,6 +1,8 @@
 """`ddcheck faults --check`: every fault under settings where it can show
 must be detected and named (localizer class == the fault's expected class),
-and the fault-free matrix must pass over several seeds (no false alarm)."""
+and the fault-free matrix must pass over several seeds (no false alarm).
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import time

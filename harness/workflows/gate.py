@@ -2,7 +2,9 @@
 caught (and, when the localizer names it, named as its catalog entry says).
 Planning turns cases into SettingJobs; judging turns results into one
 Verdict per setting and per expected fault; JUnit XML and JSON come from the
-verdicts."""
+verdicts.
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json

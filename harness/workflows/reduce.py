@@ -8,7 +8,9 @@ smallest budget, smallest topk), each candidate re-run against the oracle.
 candidate runs with --stop-after 1 and no localizer (the first divergent
 step is all a candidate has to show); the reduced setting is run once more
 with the localizer, to name what its repro shows.
-"""
+
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json

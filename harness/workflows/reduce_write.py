@@ -1,6 +1,8 @@
 """What `ddcheck reduce` writes: DIR/case.toml (a case file, docs/CASES.md)
 and DIR/repro.py (a standalone script: the reduced setting's first failing
-verify step against the oracle, exit 1 if it diverges)."""
+verify step against the oracle, exit 1 if it diverges).
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json

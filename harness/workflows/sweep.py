@@ -5,7 +5,9 @@ without CUDA the parent sets TRITON_INTERPRET=1 before spawning, so every
 worker imports triton (SGLang's kernels, the acceptance cross-check) under
 the interpreter. Each worker returns its setting's JSONL lines; the parent
 writes them all to one file, in setting order, once every setting is done.
-"""
+
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json

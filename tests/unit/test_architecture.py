@@ -25,6 +25,19 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("harness.__main__",),
 )
 TOP_PACKAGES = ("harness", "ddschema", "reference")
+# each harness module's docstring ends by saying its layer and what it may not import
+LAYER_SENTENCES = {
+    "harness.verdict": "Layer: verdict. Imports nothing of harness.",
+    "harness.engine": "Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,\n"
+                      "workflows or cli.",
+    "harness.ports": "Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli.",
+    "harness.faults": "Layer: faults. Imports the engine and below; never ports, check, report, workflows or cli.",
+    "harness.check": "Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli.",
+    "harness.report": "Layer: report. Imports the check and below; never workflows or cli.",
+    "harness.workflows": "Layer: workflows. Imports report, the check and below; never cli.",
+    "harness.cli": "Layer: cli. Imports any layer below it.",
+    "harness.__main__": "Layer: entry point. Imports the cli.",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -128,6 +141,18 @@ def test_no_import_from_a_lower_layer_up(edges):
 
 def test_every_harness_module_has_a_layer(edges):
     assert [m for m in edges if m.startswith("harness.") and layer_of(m) is None] == []
+
+
+def test_every_module_says_its_layer(edges):
+    """The docstring's layer line matches the table the imports are held to."""
+    missing = []
+    for m in sorted(edges):
+        layer = layer_of(m)
+        if m.startswith("harness") and layer is not None:
+            doc = ast.get_docstring(ast.parse(_modules()[m].read_text(encoding="utf-8"))) or ""
+            if LAYER_SENTENCES[layer[1]] not in doc:
+                missing.append(m)
+    assert missing == []
 
 
 def test_no_loose_module_directly_under_harness():

@@ -7,7 +7,9 @@ commits, and how often the walk goes one level deeper.
 * acceptance at depth d: among the (step, request) pairs whose walk reached
   depth d - 1 at a row that has at least one child (a draft to accept), the
   fraction whose walk reached depth d.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,6 @@
-"""Per-node comparison of engine logits against the oracle's."""
+"""Per-node comparison of engine logits against the oracle's.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -14,7 +14,9 @@ so the per-node and stream checks cannot see it.
   and bonus against the oracle's greedy walk over the engine's tree with the
   oracle's float64 logits. Where they part, the oracle's top-1 minus top-2 gap
   at that row within 2 x tolerance x max |ref| of the row is a near tie.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,7 +3,9 @@ the batch's very metadata (kv_indices swapped for scratch slots, as the mask
 probe does) against a float64 dense softmax over the visibility SGLang's
 rules read from that metadata (each request's block at mask_indptr[b], row
 stride prefix + q_len; prefix columns always visible to a backend that skips
-them). A difference is the backend's: the metadata is audited separately."""
+them). A difference is the backend's: the metadata is audited separately.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 

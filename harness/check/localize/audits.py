@@ -1,6 +1,8 @@
 """White-box audits the localizer runs next to the mask probe: the graph's
 static buffers against the live batch, the verify inputs against the tree,
-and the acceptance against a fresh greedy walk."""
+and the acceptance against a fresh greedy walk.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

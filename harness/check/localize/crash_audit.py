@@ -4,7 +4,9 @@ the forward was handed, so a crash still names its first wrong quantity.
 
 A fresh engine over the run's weights and pipeline re-runs the rounds with
 the verify-input stage wrapped to keep what it built; nothing else of the
-pipeline changes."""
+pipeline changes.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

@@ -1,6 +1,8 @@
 """Re-run the engine deterministically up to the divergent round (same
 settings, same seeds, same fault), auditing every round, then probe the
-divergent batch and bisect the divergent node's layers."""
+divergent batch and bisect the divergent node's layers.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

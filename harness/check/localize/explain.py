@@ -9,7 +9,9 @@ specific measurement to the most generic; their class is kept only when
 they point at the same stage as that first wrong quantity. A class from the
 fault catalog is named only when the measurement is the one that fault
 leaves; otherwise the class names what was measured (mask-visibility,
-kv-indices, ...), and "unknown" when nothing measured points anywhere."""
+kv-indices, ...), and "unknown" when nothing measured points anywhere.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

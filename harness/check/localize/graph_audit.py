@@ -3,7 +3,9 @@ seq_lens, kv_indptr, kv_indices, mask_indptr, custom_mask, the window mask of
 a windowed model, out_cache_loc)
 against what the eager forward of the same batch used; the batch-padding
 dummies against SGLang's padding rule (seq_len 1, slot 0, position 0, a mask
-that sees everything)."""
+that sees everything).
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

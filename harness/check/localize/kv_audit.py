@@ -1,6 +1,8 @@
 """KV audit, run after every verify round of a localization re-run: the
 slot bookkeeping invariants, then the cached K/V of every committed position
-against the oracle's K/V at that position."""
+against the oracle's K/V at that position.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

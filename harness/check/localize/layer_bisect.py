@@ -1,6 +1,8 @@
 """Layer bisect: re-run the divergent verify forward with the residual
 stream captured and find the first layer whose hidden state at the
-divergent node leaves tolerance against the oracle's (path_hidden)."""
+divergent node leaves tolerance against the oracle's (path_hidden).
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -9,7 +9,9 @@ contributed to a row iff that row's output is nonzero in the key's channel.
 The metadata is the batch's own (for graph runs the static buffers the
 replay read), except kv_indices, which is swapped for distinct scratch slots
 so every prefix column owns its value whatever slots the real indices hold.
-"""
+
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

@@ -6,7 +6,9 @@ against an independent greedy walk (the oracle's, over the engine's own
 logits) and the commit (req_to_token, the free list).
 
 The expected values come from the trees, the committed prefixes, the slots
-the allocator handed out and req_to_token, never from the stage under test."""
+the allocator handed out and req_to_token, never from the stage under test.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -4,7 +4,9 @@ request owns its pages) cannot see two tokens' K/V swapped inside one page
 (SGLang #31218), so every committed position is checked against the
 provenance of the slot it points at: the (request, position, token) whose
 K/V that slot holds, which moves with the K/V at every compaction copy
-(harness/engine/mem/provenance.py)."""
+(harness/engine/mem/provenance.py).
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from harness.check.localize.audits import ranges

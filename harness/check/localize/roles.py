@@ -1,7 +1,9 @@
 """Which keys a row gained or lost, by the key's role relative to the row:
 prefix, self, ancestor, descendant, sibling (same parent), off-path (another
 branch of the tree), padding; and, for KV slots, whose slot it is (this
-request's position, another request's, a free one)."""
+request's position, another request's, a free one).
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

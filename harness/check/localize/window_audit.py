@@ -8,7 +8,9 @@ custom_mask itself when no window mask was built (the window left off).
 Each wrong (row, key) pair is told by role: prefix keys near the window's
 edge or verify rows, leaked (visible against the window) or blocked (hidden
 inside it); the hint names a pattern the finding fits exactly: the window
-measured from prefix + row index, or no window at all."""
+measured from prefix + row index, or no window at all.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch

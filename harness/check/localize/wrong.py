@@ -1,7 +1,9 @@
 """A measured quantity that is not what SGLang's rules (or the eager batch,
 or the oracle) say it should be, with the pipeline stage that produced it.
 The localizer collects these every round; the first one, in step order then
-pipeline order, is what the explanation leads with."""
+pipeline order, is what the explanation leads with.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,10 @@
 """Stage 4, attention backend: the seam where SGLang's kernel or a user's own
 implementation plugs in. A backend saves the rows' K/V at out_cache_loc, then
 attends each query row to its request's prefix (through kv_indices) and to
-the verify rows (k_extend) as the flat custom mask allows."""
+the verify rows (k_extend) as the flat custom mask allows.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,7 +1,10 @@
 """The attention backends by name: the built-in ones, listed here rather than
 registering themselves (so no backend module imports the table that holds
 it). Owns the name -> backend table and the default choice; imports only the
-backends of this package."""
+backends of this package.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from typing import Callable

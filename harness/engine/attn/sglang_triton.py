@@ -1,6 +1,9 @@
 """SGLang's own Triton extend-attention kernel, fed the target-verify metadata
 its Triton backend builds. On a machine without CUDA it runs under the Triton
-interpreter in float32 (bf16 tl.dot is wrong in the interpreter)."""
+interpreter in float32 (bf16 tl.dot is wrong in the interpreter).
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import importlib

@@ -5,7 +5,10 @@ from the pool, and every mask column, the prefix's included, where
 extend_attention_fwd takes the verify rows' K/V from the forward and skips the
 prefix columns. Two SGLang kernels on one batch: when only this one disagrees,
 the bug sits in what only it reads (the prefix mask columns, the verify rows'
-slots in the pool); when both do, in what both read."""
+slots in the pool); when both do, in what both read.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import importlib

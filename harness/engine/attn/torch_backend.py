@@ -1,6 +1,9 @@
 """A plain-torch backend that reads exactly the metadata SGLang's Triton kernel
 reads: prefix K/V through kv_indices, verify-row K/V from k_extend, and the
-flat mask through mask_indptr with row stride prefix + q_len."""
+flat mask through mask_indptr with row stride prefix + q_len.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

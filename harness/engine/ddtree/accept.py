@@ -1,4 +1,7 @@
-"""Stage 5, acceptance: the greedy walk down the verified tree."""
+"""Stage 5, acceptance: the greedy walk down the verified tree.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

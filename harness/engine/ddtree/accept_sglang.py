@@ -4,7 +4,10 @@ next-sibling links built from the DDTree parents (DOMAIN.md section 3).
 
 The engine runs one acceptor (RunSettings.accept) and cross-checks the other
 every step; harness/check/differential.py turns a disagreement into an `accept` record.
-"""
+
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import importlib

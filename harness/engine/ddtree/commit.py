@@ -1,4 +1,7 @@
-"""Stage 6, KV commit: accepted rows' K/V become the next committed positions."""
+"""Stage 6, KV commit: accepted rows' K/V become the next committed positions.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -8,7 +8,10 @@ re-pointed at the region's copy of the tail page, and every page of the
 round that no committed position uses any more is freed, whole. K is cached
 after RoPE at prefix + depth, the committed position, so a byte copy is
 right. Requests keep page-consistent req_to_token rows: position p lies at
-offset p % page_size of its page, and positions of one page share it."""
+offset p % page_size of its page, and positions of one page share it.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,8 @@
 """Stage 1, draft: L = block_size - 1 independent per-position distributions
-per round, as a DFlash block-diffusion drafter returns them."""
+per round, as a DFlash block-diffusion drafter returns them.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

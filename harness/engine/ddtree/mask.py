@@ -1,4 +1,7 @@
-"""Stage 3a, build mask: the tree's visibility in SGLang's flat custom-mask layout."""
+"""Stage 3a, build mask: the tree's visibility in SGLang's flat custom-mask layout.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,8 @@
 """Stage 2, build tree: DDTree's best-first selection of the `budget` most
-probable draft prefixes (Ringel and Romano, arXiv 2604.12989, section 3)."""
+probable draft prefixes (Ringel and Romano, arXiv 2604.12989, section 3).
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import heapq

@@ -1,5 +1,8 @@
 """Stage 3b, verify inputs: the target-verify metadata SGLang's Triton
-backend builds (DOMAIN.md section 3), for a batch of trees."""
+backend builds (DOMAIN.md section 3), for a batch of trees.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace

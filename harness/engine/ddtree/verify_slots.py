@@ -12,7 +12,10 @@ get a copy of the prefix's tail K/V, so each region is, on its own, a
 page-consistent continuation of the request (a whole-page reader sees the
 prefix's tail and then the branch). Offsets of depths a branch does not hold
 are holes. Padding rows take a region of their own. At commit the winning
-branch's region becomes the request's continuation (commit_paged.py)."""
+branch's region becomes the request's continuation (commit_paged.py).
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

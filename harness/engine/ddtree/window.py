@@ -9,7 +9,10 @@ custom_mask's layout (the prefix columns included), which the sliding layers
 read with the prefix columns switched on (skip_prefix_custom_mask off), the
 way SGLang PR #39287 bounds EAGLE's window by each node's position rather
 than its flattened row index; full-attention layers keep custom_mask.
-"""
+
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -1,6 +1,9 @@
 """KV slots as SGLang hands them out at page size 1: a free list with
 ownership (pages: paged.py). Owns PADDING_SLOT and the allocator; imports
-nothing of the engine."""
+nothing of the engine.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from collections import deque

@@ -4,7 +4,10 @@ offset), a request owns whole pages, an extend first fills the rest of the
 request's last page and then takes fresh pages, and a free releases the
 pages its slots lie in. Page 0 holds the padding slot and is never handed
 out. `make_allocator` picks the allocator by page size: SlotAllocator
-(harness/engine/mem/pool.py) for 1, PageAllocator above."""
+(harness/engine/mem/pool.py) for 1, PageAllocator above.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from collections import deque

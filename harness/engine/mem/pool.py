@@ -1,5 +1,8 @@
 """KV memory in SGLang's layout: the token-slot KV pool and the req_to_token
-table (slots: allocator.py at page size 1, paged.py in pages)."""
+table (slots: allocator.py at page size 1, paged.py in pages).
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -3,7 +3,10 @@ token) whose K/V a forward wrote into it. Each verify checks, against that
 record, every prefix slot its kernel read (kv_indices) and every slot its
 rows wrote (out_cache_loc). Free slots are marked free (and, in the pool,
 poisoned with NaN), so a read of a slot no request owns is named even where
-the mask hides it."""
+the mask hides it.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,6 +1,9 @@
 """config.json <-> ModelConfig on the engine's side: which Hugging Face keys
 the engine implements, and a one-line refusal (ModelLoadError, exit 2) for
-every key that would change the math and that it does not implement."""
+every key that would change the math and that it does not implement.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 from ddschema import ModelConfig, RopeScaling

@@ -1,5 +1,8 @@
 """The target model under test: a Llama-family decoder that reads and writes
-a paged KV pool through an attention backend (SGLang's RadixAttention seam)."""
+a paged KV pool through an attention backend (SGLang's RadixAttention seam).
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,7 @@
-"""Seeded random model presets and the local Hugging Face checkpoint loader."""
+"""Seeded random model presets and the local Hugging Face checkpoint loader.
+
+Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
+workflows or cli."""
 from __future__ import annotations
 
 import json

@@ -20,7 +20,9 @@ Functions driven (names and signatures are public facts of that file):
 Older versions take logits instead of top-K inputs, or return no
 actual_tree_sizes; the adapter reads which by parameter names and output
 arity. It translates and never repairs: a tree it reads back is the port's.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from pathlib import Path

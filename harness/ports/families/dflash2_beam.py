@@ -18,7 +18,9 @@ so its trees are never padded: padded settings are skipped. The beam walk
 itself lives in the model file and its acceptance needs CUDA kernels, so the
 adapter provides the compile stage; ddcheck's tree, acceptance and commit run
 around it.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -11,7 +11,9 @@ Functions driven (public signatures):
 - build_tree_custom_mask(trees, num_verify_tokens, kv_lens) -> flat allow-mask,
   per request [N, kv_len + N];
 - verify_tree_greedy_cpu(tree, target_predict) -> {accept_indices, bonus_token}.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -15,7 +15,9 @@ Functions driven (public signatures):
 
 Verify positions are prefix + depth of the padded tree, as the worker lays
 them out (padding rows at prefix + 1).
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -15,7 +15,9 @@ E + (d-2)*E*E + j_p*E + r, so flat // E = 1 + (d-2)*E + j_p, and
 parent_list[1 + (d-2)*E + j_p] is the parent's flat index. EAGLE's verify has
 no padding rows (num_verify_tokens - 1 drafts every round): settings whose
 trees would be padded are skipped.
-"""
+
+
+Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
 import importlib
