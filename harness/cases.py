@@ -361,14 +361,13 @@ def validate_faults(case: Case) -> None:
 
 def model_vocab(model: str) -> int:
     """The vocabulary size of a preset or checkpoint, without loading weights."""
-    from harness.model.presets import PRESETS, ModelLoadError, read_config
+    from harness.model.presets import PRESETS, ModelLoadError, model_dir, read_config, unknown_model
     if model in PRESETS:
         return PRESETS[model].vocab_size
-    cfg = Path(model) / "config.json"
-    if not cfg.is_file():
-        raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} "
-                             "(or a checkpoint directory)")
-    return read_config(Path(model)).vocab_size
+    directory = model_dir(model)   # a trained model by name: its cache (materialized on first use)
+    if not (directory / "config.json").is_file():
+        raise ModelLoadError(unknown_model(model))
+    return read_config(directory).vocab_size
 
 
 def discover(directory: Path = CASES_DIR) -> list[Path]:

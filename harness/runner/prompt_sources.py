@@ -62,7 +62,8 @@ def read_prompt_file(path: Path, model: str) -> tuple[PromptSpec, ...]:
 
 
 def _tokenized(path: Path, text: str, model: str) -> PromptSpec:
-    tokenizer_file = Path(model) / "tokenizer.json"
+    from harness.model.presets import model_dir
+    tokenizer_file = (model_dir(model) or Path(model)) / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise UsageError(f"--prompt-file {path}: not JSON token ids, and --model {model} has no tokenizer.json "
                          "to tokenize text with")
