@@ -9,6 +9,8 @@ was expected, in one line.
     seed = 0
     max_new_tokens = 12
     block_size = 8
+    drafter = "self"                   # optional: noisy | self | auto (self for a checkpoint, noisy for a preset)
+    draft_layers = 15                  # optional: the self-draft's k (default three quarters of the target's layers)
     impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
     port_stages = "build,compile"                   #   relative to the case file), which of its stages
     strict = false                                  #   to use, and whether audit warnings fail
@@ -62,7 +64,7 @@ _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "
 ZERO_IS_OFF = ("sliding_window",)   # axes whose 0 means "none" (RunSettings holds None)
 EMPTY_IS_BASE = ("model",)          # axes whose "" means the case's own (a table may name another model)
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
-             "faults", "tolerances", "impl", "port_stages", "strict"}
+             "faults", "tolerances", "impl", "port_stages", "strict", "drafter", "draft_layers"}
 CASES_DIR = Path("cases")
 DEFAULT_CASE = CASES_DIR / "gate.toml"
 
@@ -296,6 +298,8 @@ def load_case(path: Path) -> Case:
         backend="torch", impl=_impl(path, doc),
         port_stages=_get(path, doc, "port_stages", "", (str, type(None)), None, "a comma list of port stages"),
         strict=_get(path, doc, "strict", "", bool, False, "true or false"),
+        drafter=_get(path, doc, "drafter", "", str, "auto", "auto, noisy or self"),
+        draft_layers=_positive(path, doc, "draft_layers", 0, minimum=0) or None,
         case=str(path) if "prompts" in doc else None)   # the reproduce command must bring the case's prompts
     matrices = doc.get("matrix", [])
     if not isinstance(matrices, list):

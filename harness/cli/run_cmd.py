@@ -76,6 +76,9 @@ def run(
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
     page_size: int = typer.Option(1, help="KV page size: 1, or a power of two up to 64 (branch regions of whole "
                                   "pages, compaction at commit)"),
+    drafter: str = typer.Option("auto", help="noisy (a seeded stand-in), self (the target's first --draft-layers "
+                                "layers + norm + head, an early exit), auto (self for a checkpoint, noisy for a preset)"),
+    draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: three quarters of the target's layers)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -89,7 +92,7 @@ def run(
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
                         noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
-                        page_size=page_size)
+                        page_size=page_size, drafter=drafter, draft_layers=draft_layers)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)
@@ -191,6 +194,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.mean_accepted_length is not None:
         depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
         t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")
+    for st in summary.streams:   # decoded text, engine beside oracle: a stream of "!!!!" shows as such
+        t.add_row(f"request {st['request']} ({escape(st['prompt'])})", escape(
+            f"prompt {st['prompt_text']!r}\nengine {st['engine_text']!r}\noracle {st['reference_text']!r}"
+            f" [{st['verdict']}]"))
     f = summary.first
     if f is None:
         t.add_row("first divergence", "none")

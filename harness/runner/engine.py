@@ -19,7 +19,7 @@ from harness.runner.pipeline import Pipeline
 from harness.runner.settings import PromptSpec, RunSettings, UsageError
 from harness.ddtree.accept import Acceptance, cut_at_stop
 from harness.ddtree.accept_sglang import pick_acceptors
-from harness.ddtree.drafter import DrafterConfig, NoisyOracleDrafter
+from harness.ddtree.drafter import make_drafter
 from harness.ddtree.tree import DraftTree
 from harness.ddtree.verify_inputs import VerifyBatch, prefill_metadata
 
@@ -86,7 +86,7 @@ class Engine:
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
         self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
-        self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
+        self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
         self.graph = (GraphRunner(self._verify_forward, q_len, len(prompts), self.max_context,
@@ -149,7 +149,7 @@ class Engine:
         s, p = self.s, self.pipeline
         trees, drafts = [], []
         for r in active:
-            lp = self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step)
+            lp = self.drafter.propose(r, step)
             drafts.append(lp)
             trees.append(p.build_tree(r.emitted[-1], lp, s.budget, s.topk))
         q = self.q_len
