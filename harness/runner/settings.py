@@ -72,7 +72,7 @@ class RunSettings:
     page_size: int = 1              # KV page size: 1 (a token-slot pool) or a paged pool (harness/mem/paged.py)
     sliding_window: int | None = None  # a sliding window on the model (its own sliding layers, else every layer)
     drafter: str = "auto"           # noisy | self | auto (harness/ddtree/drafter.py)
-    draft_layers: int | None = None  # the self-draft's k (None: three quarters of the target's layers)
+    draft_layers: int | None = None  # the self-draft's k (None: all but the target's last two layers)
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
@@ -124,7 +124,7 @@ class RunSettings:
         from harness.ddtree.drafter import DrafterConfig
         from harness.model.presets import PRESETS
         kind = self.drafter if self.drafter != "auto" else ("noisy" if self.model in PRESETS else "self")
-        layers = min(self.draft_layers or -(-3 * num_layers // 4), num_layers)   # default: 3/4 of the layers, rounded up
+        layers = min(self.draft_layers or max(1, num_layers - 2), num_layers)   # default: all but the last two
         return DrafterConfig(self.block_size, kind=kind, layers=layers)
 
     def to_dict(self) -> dict:

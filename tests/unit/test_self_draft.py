@@ -64,7 +64,7 @@ def test_full_depth_self_draft_proposes_the_greedy_chain_and_beats_the_stand_in(
 def test_drafter_defaults_and_bad_names():
     assert RunSettings(model="tiny").drafter_config(2).kind == "noisy"          # presets keep their records
     cfg = RunSettings(model="some/checkpoint").drafter_config(30)
-    assert (cfg.kind, cfg.layers) == ("self", 23)
+    assert (cfg.kind, cfg.layers) == ("self", 28)
     assert "--drafter self --draft-layers 4" in RunSettings(drafter="self", draft_layers=4).command()
     with pytest.raises(UsageError, match="--drafter"):
         RunSettings(drafter="eagle")
