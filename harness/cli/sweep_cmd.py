@@ -15,7 +15,7 @@ from rich.table import Table
 
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
-from harness.runner.settings import DEFAULT_PROMPTS, RunSettings, UsageError
+from harness.runner.settings import RunSettings, UsageError
 from harness.report.model import describe_first
 from harness.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
@@ -239,7 +239,7 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     base = RunSettings(**run_flags, device=pick_device(device))
     full = {k: axes.get(k, AXIS_DEFAULTS[k]) for k in AXIS_DEFAULTS}
     settings = [(s, "flags") for s in Matrix("flags", full, None, run_flags["accept"]).settings(base)]
-    return _jobs(settings, DEFAULT_PROMPTS, "sweep", fault)
+    return _jobs(settings, None, "sweep", fault)   # each run's own prompts: text when the model has a tokenizer
 
 
 def _jobs(settings: list[tuple[RunSettings, str]], prompts, case_name: str, fault: str | None) -> list[SettingJob]:
