@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.compare.acceptance_stats import AcceptanceBaseline
-from harness.runner.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
+from harness.runner.settings import DEFAULT_PROMPTS, DRAFTER_CHOICES, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "model", "page_size")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
@@ -290,6 +290,9 @@ def load_case(path: Path) -> Case:
     except RecursionError:   # tomllib parses nested arrays recursively
         raise CaseError(f"{path}: nested too deeply to be a case file") from None
     _check_keys(path, doc, _TOP_KEYS, "")
+    drafter = _get(path, doc, "drafter", "", str, "auto", "auto, noisy or self")
+    if drafter not in DRAFTER_CHOICES:
+        raise _fail(path, "drafter", "auto, noisy or self", drafter)
     base = RunSettings(
         model=_get(path, doc, "model", "", str, "tiny", "a model preset or checkpoint directory"),
         seed=_positive(path, doc, "seed", 0, minimum=0),
@@ -298,7 +301,7 @@ def load_case(path: Path) -> Case:
         backend="torch", impl=_impl(path, doc),
         port_stages=_get(path, doc, "port_stages", "", (str, type(None)), None, "a comma list of port stages"),
         strict=_get(path, doc, "strict", "", bool, False, "true or false"),
-        drafter=_get(path, doc, "drafter", "", str, "auto", "auto, noisy or self"),
+        drafter=drafter,
         draft_layers=_positive(path, doc, "draft_layers", 0, minimum=0) or None,
         case=str(path) if "prompts" in doc else None)   # the reproduce command must bring the case's prompts
     matrices = doc.get("matrix", [])

@@ -68,3 +68,14 @@ def test_drafter_defaults_and_bad_names():
     assert "--drafter self --draft-layers 4" in RunSettings(drafter="self", draft_layers=4).command()
     with pytest.raises(UsageError, match="--drafter"):
         RunSettings(drafter="eagle")
+
+
+def test_case_file_names_its_drafter(tmp_path):
+    from harness.cases import CaseError, load_case
+    case = tmp_path / "c.toml"
+    case.write_text('model = "tiny"\ndrafter = "self"\ndraft_layers = 1\n[[matrix]]\nbudget = [4]\n')
+    s = load_case(case).settings()[0]
+    assert (s.drafter, s.draft_layers) == ("self", 1)
+    case.write_text('model = "tiny"\ndrafter = "eagle"\n[[matrix]]\nbudget = [4]\n')
+    with pytest.raises(CaseError, match=r"c\.toml: key 'drafter'"):
+        load_case(case)
