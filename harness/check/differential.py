@@ -337,7 +337,20 @@ def _check_streams(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> 
             summary.stream_mismatches += 1
             if summary.first is None:
                 summary.first = FirstDivergence(-1, r.rid, first, None, False, None, "stream")
-        writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting))
+        texts = decoded(p.loaded.tokenizer, ids, got, ref)
+        writer.write(StreamRecord(r.rid, spec.name, tuple(got), tuple(ref), first, verdict, summary.setting,
+                                  prompt_text=texts[0], engine_text=texts[1], reference_text=texts[2]))
+        if texts[0] is not None:
+            summary.streams.append({"request": r.rid, "prompt": spec.name, "verdict": verdict,
+                                    "prompt_text": texts[0], "engine_text": texts[1], "reference_text": texts[2]})
+
+
+def decoded(tokenizer, *streams: list[int]) -> tuple[str | None, ...]:
+    """Each token stream as text (special tokens kept: an end-of-text or a run of one token shows);
+    Nones without a tokenizer."""
+    if tokenizer is None:
+        return (None,) * len(streams)
+    return tuple(tokenizer.decode(list(t), skip_special_tokens=False) for t in streams)
 
 
 def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:

@@ -50,6 +50,7 @@ class Loaded:
     oracle_device: str             # where the float64 oracle computes
     load_mismatches: tuple[LoadMismatch, ...]   # the engine's loader against the oracle's own reading
     load_s: dict                   # wall seconds of each loading phase (timed_phase)
+    tokenizer: object | None = None   # the checkpoint's tokenizer.json (a tokenizers.Tokenizer), None without one
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,22 @@ def load(s: RunSettings) -> Loaded:
         oracle_device = choose_oracle_device(s, weights)
         with timed_phase(phases, "oracle_load"):
             oracle = load_oracle_from(directory, s.model, oracle_device)
+        tokenizer = read_tokenizer(directory)
     with timed_phase(phases, "load_agreement"):
         load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
-    return Loaded(load_key(s), cfg, weights, oracle, oracle_device, load_mismatches, phases)
+    return Loaded(load_key(s), cfg, weights, oracle, oracle_device, load_mismatches, phases, tokenizer)
+
+
+def read_tokenizer(directory):
+    """The checkpoint's tokenizer.json as a tokenizers.Tokenizer; None when it has none (the presets)."""
+    f = directory / "tokenizer.json"
+    if not f.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+        return Tokenizer.from_file(str(f))
+    except Exception as e:  # noqa: BLE001  (tokenizers raises its own Exception type for a bad file)
+        raise ModelLoadError(f"--model {directory}: cannot read tokenizer.json ({e})") from None
 
 
 def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None = None, pipeline=None,
@@ -140,7 +154,7 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     check_capturable(s, backend)
     if pipeline is None:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
-    specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s))
+    specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s, loaded.tokenizer))
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
     for spec, toks in zip(specs, ids):
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash

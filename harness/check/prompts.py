@@ -20,8 +20,24 @@ from harness.engine.settings import DEFAULT_PROMPTS, PromptSpec, RunSettings, Us
 MAX_PROMPT_LEN = 1 << 17
 
 
-def prompts_of(s: RunSettings) -> tuple[PromptSpec, ...]:
-    """The prompts of a run without a case file (a case's come with the case)."""
+# A model with a tokenizer (a trained one) is run on real text by default: short prompts of different kinds,
+# with the stand-in drafter's accuracy on each (code and lists are predictable, prose less so).
+TEXT_PROMPTS = (("prose", "The capital of France is", 0.3),
+                ("code", "def fibonacci(n):\n    ", 0.9),
+                ("list", "Monday, Tuesday, Wednesday,", 0.8),
+                ("question", "Q: Why is the sky blue?\nA:", 0.2))
+
+
+def text_prompts(tokenizer) -> tuple[PromptSpec, ...]:
+    out = []
+    for name, text, accuracy in TEXT_PROMPTS:
+        ids = tuple(tokenizer.encode(text).ids)
+        out.append(PromptSpec(name, len(ids), accuracy, ids))
+    return tuple(out)
+
+
+def prompts_of(s: RunSettings, tokenizer=None) -> tuple[PromptSpec, ...]:
+    """The run's prompts; `tokenizer` (the checkpoint's, None for a preset) makes the default ones real text."""
     if s.case:
         raise ValueError(f"--case {s.case}: its prompts come from the case (harness.workflows.cases.prompts_for)")
     if s.prompt_file:
@@ -29,7 +45,7 @@ def prompts_of(s: RunSettings) -> tuple[PromptSpec, ...]:
     if s.prompt_lens:
         return tuple(PromptSpec(f"len{n}", n, DEFAULT_PROMPTS[i % len(DEFAULT_PROMPTS)].accuracy)
                      for i, n in enumerate(s.prompt_lens))
-    return DEFAULT_PROMPTS
+    return text_prompts(tokenizer) if tokenizer is not None else DEFAULT_PROMPTS
 
 
 def parse_prompt_lens(text: str | None) -> tuple[int, ...] | None:
@@ -66,7 +82,8 @@ def read_prompt_file(path: Path, model: str) -> tuple[PromptSpec, ...]:
 
 
 def _tokenized(path: Path, text: str, model: str) -> PromptSpec:
-    tokenizer_file = Path(model) / "tokenizer.json"
+    from harness.engine.model.presets import model_dir
+    tokenizer_file = (model_dir(model) or Path(model)) / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise UsageError(f"--prompt-file {path}: not JSON token ids, and --model {model} has no tokenizer.json "
                          "to tokenize text with")

@@ -47,6 +47,9 @@ class StreamRecord:
     verdict: str          # match | diverge | near-tie
     setting: str = ""
     kind: str = "stream"
+    prompt_text: str | None = None       # the three decoded by the checkpoint's tokenizer.json (None: it has none)
+    engine_text: str | None = None
+    reference_text: str | None = None
 
 
 def _default(o):

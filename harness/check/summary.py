@@ -73,6 +73,8 @@ class CheckSummary:
     prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw
     prefix_len_max: int = 0
     key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
+    streams: list = field(default_factory=list)  # per request, decoded by the tokenizer: request, prompt, verdict,
+    #                                              prompt_text, engine_text, reference_text (empty without one)
     crash: dict | None = None               # an exception met during the check: side, where, error, step
     error: str | None = None                # its last line (the crash's `error`)
 

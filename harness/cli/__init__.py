@@ -14,7 +14,8 @@ from harness.cli.common import USAGE_ERRORS, exit_usage
 
 def _register() -> None:
     from harness.cli import run_cmd  # noqa: F401
-    for optional in ("faults_cmd", "sweep_cmd", "gate_cmd", "report_cmd", "ports_cmd", "calibrate_cmd", "reduce_cmd"):
+    for optional in ("faults_cmd", "sweep_cmd", "gate_cmd", "report_cmd", "ports_cmd", "calibrate_cmd", "reduce_cmd",
+                     "models_cmd"):
         try:
             __import__(f"harness.cli.{optional}")
         except ModuleNotFoundError as e:

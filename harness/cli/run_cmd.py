@@ -42,7 +42,7 @@ def run(
     batch: int = typer.Option(1, help="requests per verify batch"),
     max_new_tokens: int = typer.Option(24, help="tokens each request generates"),
     block_size: int = typer.Option(8, help="drafter block size (depth cap L = block_size - 1)"),
-    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3, tiny-sinks, tiny-softcap, ...: `ddcheck run --help`) or a local HF checkpoint directory"),
+    model: str = typer.Option("tiny", help="preset (tiny, small, tiny-qwen2, tiny-qwen3, tiny-sinks, tiny-softcap, ...), a trained model (smollm2-135m: `ddcheck models`) or a local HF checkpoint directory"),
     seed: int = typer.Option(0),
     dtype: str = typer.Option("float32", help="float32, float16 or bfloat16"),
     fault: Optional[str] = typer.Option(None, help="switch on a named fault (`ddcheck faults`)"),
@@ -78,6 +78,9 @@ def run(
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
     page_size: int = typer.Option(1, help="KV page size: 1, or a power of two up to 64 (branch regions of whole "
                                   "pages, compaction at commit)"),
+    drafter: str = typer.Option("auto", help="noisy (a seeded stand-in), self (the target's first --draft-layers "
+                                "layers + norm + head, an early exit), auto (self for a checkpoint, noisy for a preset)"),
+    draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: all but the target's last two layers)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     console = Console(stderr=True)
@@ -91,7 +94,7 @@ def run(
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
                         noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
-                        page_size=page_size)
+                        page_size=page_size, drafter=drafter, draft_layers=draft_layers)
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, out, html)

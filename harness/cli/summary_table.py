@@ -45,6 +45,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.mean_accepted_length is not None:
         depths = " ".join(f"{a:.2f}" for a in summary.acceptance_by_depth)
         t.add_row("accepted length", f"{summary.mean_accepted_length:.2f} tokens per step (acceptance by depth: {depths})")
+    for st in summary.streams:   # decoded text, engine beside oracle: a stream of "!!!!" shows as such
+        t.add_row(f"request {st['request']} ({escape(st['prompt'])})", escape(
+            f"prompt {st['prompt_text']!r}\nengine {st['engine_text']!r}\noracle {st['reference_text']!r}"
+            f" [{st['verdict']}]"))
     f = summary.first
     if f is None:
         t.add_row("first divergence", "none")

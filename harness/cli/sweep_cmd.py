@@ -17,7 +17,7 @@ from rich.table import Table
 
 from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
-from harness.engine.settings import DEFAULT_PROMPTS, RunSettings, UsageError
+from harness.engine.settings import RunSettings, UsageError
 from harness.report.model import describe_first
 from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
                            unjudged_lines, verdict, with_impls, write_jsonl)
@@ -149,7 +149,8 @@ def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | Non
 
 
 # flags a case file sets itself: with --case they must keep their defaults
-CASE_OWNED = {"max_new_tokens": 24, "block_size": 8, "model": "tiny", "seed": 0, "accept": "walk"}
+CASE_OWNED = {"max_new_tokens": 24, "block_size": 8, "model": "tiny", "seed": 0, "accept": "walk", "drafter": "auto",
+              "draft_layers": None}
 
 
 @app.command()
@@ -168,6 +169,8 @@ def sweep(
     block_size: int = typer.Option(CASE_OWNED["block_size"]),
     model: str = typer.Option(CASE_OWNED["model"]), seed: int = typer.Option(CASE_OWNED["seed"]),
     accept: str = typer.Option(CASE_OWNED["accept"]),
+    drafter: str = typer.Option(CASE_OWNED["drafter"], help="noisy, self or auto (as in run)"),
+    draft_layers: Optional[int] = typer.Option(CASE_OWNED["draft_layers"], help="the self-draft's k (as in run)"),
     device: str = typer.Option("auto", help="auto, cpu or cuda (with --case: applied to every setting)"),
     jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
     out: Path = typer.Option(Path("reports/sweep.jsonl"), help="one JSONL for the whole sweep"),
@@ -182,7 +185,7 @@ def sweep(
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
                         "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,
-                     "accept": accept}
+                     "accept": accept, "drafter": drafter, "draft_layers": draft_layers}
         if case is not None:
             job_list = plan_case(case, matrix_flags, run_flags, device, fault)
         else:
@@ -238,7 +241,7 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     base = RunSettings(**run_flags, device=pick_device(device))
     full = {k: axes.get(k, AXIS_DEFAULTS[k]) for k in AXIS_DEFAULTS}
     settings = [(s, "flags") for s in Matrix("flags", full, None, run_flags["accept"]).settings(base)]
-    return _jobs(settings, DEFAULT_PROMPTS, "sweep", fault)
+    return _jobs(settings, None, "sweep", fault)   # each run's own prompts: text when the model has a tokenizer
 
 
 def _jobs(settings: list[tuple[RunSettings, str]], prompts, case_name: str, fault: str | None) -> list[SettingJob]:

@@ -23,7 +23,7 @@ from harness.engine.round_stages import choose_accept, choose_row_slots, choose_
 from harness.engine.settings import PromptSpec, RunSettings, UsageError
 from harness.engine.ddtree.accept import Acceptance, cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
-from harness.engine.ddtree.drafter import DrafterConfig, NoisyOracleDrafter
+from harness.engine.ddtree.drafter import make_drafter
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import VerifyBatch, prefill_metadata
 
@@ -91,7 +91,7 @@ class Engine:
         # settings.accept drives the run; the other acceptor is cross-checked every step
         self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
         self._choose_stages()
-        self.drafter = NoisyOracleDrafter(DrafterConfig(settings.block_size), cfg.vocab_size, settings.seed)
+        self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
         self.graph = (GraphRunner(self._verify_forward, q_len, len(prompts), self.max_context,
@@ -170,7 +170,7 @@ class Engine:
     def _round(self, step: int, active: list[Request]) -> StepResult:
         """Draft, build trees, place rows, verify inputs, verify, accept, commit."""
         s, p, q = self.s, self.pipeline, self.q_len
-        drafts = [self.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy, r.rid, step) for r in active]
+        drafts = [self.drafter.propose(r, step) for r in active]
         trees = [p.build_tree(r.emitted[-1], lp, s.budget, s.topk) for r, lp in zip(active, drafts)]
         if any(t.q_len != q for t in trees):
             raise ValueError(f"the tree stage built widths {sorted({t.q_len for t in trees})}; the run's verify "

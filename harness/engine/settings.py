@@ -29,7 +29,8 @@ class NotRunnableHere(UsageError):
 # enough that a run of it ends; case files and sweep lists are held to the same.
 LIMITS = {"budget": 1024, "topk": 64, "block_size": 64, "batch": 256, "max_new_tokens": 8192,
           "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1,
-          "sliding_window": 2**20}
+          "sliding_window": 2**20, "draft_layers": 1024}
+DRAFTER_CHOICES = ("auto", "noisy", "self")   # auto: self for a checkpoint or trained model, noisy for a preset
 
 
 def within_limit(name: str, value: int, minimum: int) -> str | None:
@@ -73,6 +74,8 @@ class RunSettings:
     noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
     page_size: int = 1              # KV page size: 1 (a token-slot pool) or a paged pool (harness/engine/mem/paged.py)
     sliding_window: int | None = None  # a sliding window on the model (its own sliding layers, else every layer)
+    drafter: str = "auto"           # noisy | self | auto (harness/engine/ddtree/drafter.py)
+    draft_layers: int | None = None  # the self-draft's k (None: all but the target's last two layers)
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
@@ -80,9 +83,12 @@ class RunSettings:
                     ("seed", 0), ("stop_after", 0))]
         bounded.append(None if self.eos_id is None else within_limit("eos_id", self.eos_id, 0))
         bounded.append(None if self.sliding_window is None else within_limit("sliding_window", self.sliding_window, 1))
+        bounded.append(None if self.draft_layers is None else within_limit("draft_layers", self.draft_layers, 1))
         checks = [(msg is None, msg) for msg in bounded] + [
                   (self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
                   (self.accept in ("walk", "sglang"), f"--accept must be walk or sglang, got {self.accept!r}"),
+                  (self.drafter in DRAFTER_CHOICES,
+                   f"--drafter must be one of {', '.join(DRAFTER_CHOICES)}, got {self.drafter!r}"),
                   (self.tolerance is None or 0.0 < self.tolerance < 1.0,
                    f"--tolerance must be in (0, 1), got {self.tolerance}"),
                   (self.port_stages is None or self.impl is not None, "--port-stages needs --impl"),
@@ -114,6 +120,15 @@ class RunSettings:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def drafter_config(self, num_layers: int):
+        """The drafter of this run over a target of `num_layers` layers: `auto` is the seeded stand-in on a
+        random-weight preset (its records stay as they were) and the self-draft on a real checkpoint."""
+        from harness.engine.ddtree.drafter import DrafterConfig
+        from harness.engine.model.presets import PRESETS
+        kind = self.drafter if self.drafter != "auto" else ("noisy" if self.model in PRESETS else "self")
+        layers = min(self.draft_layers or max(1, num_layers - 2), num_layers)   # default: all but the last two
+        return DrafterConfig(self.block_size, kind=kind, layers=layers)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,6 +168,10 @@ class RunSettings:
             parts.append(f"--oracle-device {self.oracle_device}")
         if self.page_size != 1:
             parts.append(f"--page-size {self.page_size}")
+        if self.drafter != "auto":
+            parts.append(f"--drafter {self.drafter}")
+        if self.draft_layers is not None:
+            parts.append(f"--draft-layers {self.draft_layers}")
         if self.case:
             parts.append(f"--case {shlex.quote(self.case)}")
         if self.prompt_file:

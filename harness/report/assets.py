@@ -122,7 +122,7 @@ svg.chart .tol-line { stroke: #b3261e; stroke-dasharray: 5 3; stroke-width: 1.5;
 svg.chart .curve { fill: none; stroke: #3a6ea5; stroke-width: 1.5; }
 svg.chart circle.pt.ok { fill: #2e9d52; } svg.chart circle.pt.bad { fill: #c62f2f; } svg.chart circle.pt.tie { fill: #d39b1c; }
 svg.chart circle.pt.hollow { fill: none; stroke: #7d8791; } svg.chart circle.pt.highlight { stroke: #1d232a; stroke-width: 2; }
-.stream { display: flex; gap: 8px; margin: 2px 0; } .stream .who { width: 72px; color: #5f6b76; font-size: 12px; }
+.stream { display: flex; gap: 8px; margin: 2px 0; } .stream.text pre { margin: 0; white-space: pre-wrap; font-size: 13px; } .stream .who { width: 72px; color: #5f6b76; font-size: 12px; }
 .toks { display: flex; flex-wrap: wrap; gap: 2px; }
 .toks .t { font: 11px ui-monospace, monospace; background: #eef1f4; padding: 1px 4px; border-radius: 2px; }
 .toks .t.diff { background: #c62f2f; color: #fff; font-weight: 700; } .toks .t.after { opacity: 0.55; }

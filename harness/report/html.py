@@ -295,6 +295,10 @@ def _streams(streams: list[dict]) -> str:
         out.append(f'<div class="stream-pair" data-verdict="{esc(s.get("verdict"))}"><p>request '
                    f'{esc(s.get("request"))} ({esc(s.get("prompt"))}): {esc(s.get("verdict"))}'
                    f'{"" if first is None else f", first differing token at index {esc(first)}"}</p>')
+        if s.get("engine_text") is not None:   # decoded by the checkpoint's tokenizer (records carry it)
+            out.append(f'<div class="stream text"><span class="who">prompt</span><pre>{esc(s.get("prompt_text"))}</pre></div>')
+            for who, key in (("engine", "engine_text"), ("reference", "reference_text")):
+                out.append(f'<div class="stream text"><span class="who">{who}</span><pre>{esc(s.get(key))}</pre></div>')
         for who, toks in (("engine", s.get("engine_tokens") or []), ("reference", s.get("reference_tokens") or [])):
             spans = "".join(f'<span class="t{" diff" if i == first else " after" if first is not None and i > first else ""}"'
                             f' title="index {i}">{esc(t)}</span>' for i, t in enumerate(toks))

@@ -5,10 +5,12 @@ was expected, in one line.
 
     name = "gate"                      # optional, defaults to the file stem
     description = "one line"
-    model = "tiny"                     # preset or checkpoint directory
+    model = "tiny"                     # preset, trained model (`ddcheck models`) or checkpoint directory
     seed = 0
     max_new_tokens = 12
     block_size = 8
+    drafter = "self"                   # optional: noisy | self | auto (self for a checkpoint, noisy for a preset)
+    draft_layers = 15                  # optional: the self-draft's k (default all but the target's last two layers)
     impl = "ddtree-utils:path/to/ddtree_utils.py"   # optional: a port under test (FAMILY:PATH, PATH
     port_stages = "build,compile"                   #   relative to the case file), which of its stages
     strict = false                                  #   to use, and whether audit warnings fail
@@ -54,8 +56,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.check.compare.acceptance_stats import AcceptanceBaseline
-from harness.check.prompts import MAX_PROMPT_LEN, prompts_of
-from harness.engine.settings import DEFAULT_PROMPTS, DTYPES, LIMITS, PAGE_SIZES, PromptSpec, RunSettings, UsageError
+from harness.check.prompts import MAX_PROMPT_LEN
+from harness.engine.settings import (DEFAULT_PROMPTS, DRAFTER_CHOICES, DTYPES, LIMITS, PAGE_SIZES, PromptSpec,
+                                     RunSettings, UsageError)
 
 AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "model", "page_size")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
@@ -65,7 +68,7 @@ _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "
 ZERO_IS_OFF = ("sliding_window",)   # axes whose 0 means "none" (RunSettings holds None)
 EMPTY_IS_BASE = ("model",)          # axes whose "" means the case's own (a table may name another model)
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",
-             "faults", "tolerances", "impl", "port_stages", "strict"}
+             "faults", "tolerances", "impl", "port_stages", "strict", "drafter", "draft_layers"}
 CASES_DIR = Path("cases")
 DEFAULT_CASE = CASES_DIR / "gate.toml"
 
@@ -290,6 +293,9 @@ def load_case(path: Path) -> Case:
     except RecursionError:   # tomllib parses nested arrays recursively
         raise CaseError(f"{path}: nested too deeply to be a case file") from None
     _check_keys(path, doc, _TOP_KEYS, "")
+    drafter = _get(path, doc, "drafter", "", str, "auto", "auto, noisy or self")
+    if drafter not in DRAFTER_CHOICES:
+        raise _fail(path, "drafter", "auto, noisy or self", drafter)
     base = RunSettings(
         model=_get(path, doc, "model", "", str, "tiny", "a model preset or checkpoint directory"),
         seed=_positive(path, doc, "seed", 0, minimum=0),
@@ -298,6 +304,8 @@ def load_case(path: Path) -> Case:
         backend="torch", impl=_impl(path, doc),
         port_stages=_get(path, doc, "port_stages", "", (str, type(None)), None, "a comma list of port stages"),
         strict=_get(path, doc, "strict", "", bool, False, "true or false"),
+        drafter=drafter,
+        draft_layers=_positive(path, doc, "draft_layers", 0, minimum=0) or None,
         case=str(path) if "prompts" in doc else None)   # the reproduce command must bring the case's prompts
     matrices = doc.get("matrix", [])
     if not isinstance(matrices, list):
@@ -363,20 +371,20 @@ def validate_faults(case: Case) -> None:
 
 def model_vocab(model: str) -> int:
     """The vocabulary size of a preset or checkpoint, without loading weights."""
-    from harness.engine.model.presets import PRESETS, ModelLoadError, read_config
+    from harness.engine.model.presets import PRESETS, ModelLoadError, model_dir, read_config, unknown_model
     if model in PRESETS:
         return PRESETS[model].vocab_size
-    cfg = Path(model) / "config.json"
-    if not cfg.is_file():
-        raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} "
-                             "(or a checkpoint directory)")
-    return read_config(Path(model)).vocab_size
+    directory = model_dir(model)   # a trained model by name: its cache (materialized on first use)
+    if not (directory / "config.json").is_file():
+        raise ModelLoadError(unknown_model(model))
+    return read_config(directory).vocab_size
 
 
-def prompts_for(s: RunSettings) -> tuple[PromptSpec, ...]:
-    """A run's prompts: its case file's (`--case`), else the prompt file's,
-    lengths' or the seed's (harness/check/prompts.py)."""
-    return load_case(Path(s.case)).prompts if s.case else prompts_of(s)
+def prompts_for(s: RunSettings) -> tuple[PromptSpec, ...] | None:
+    """A run's case file's prompts (`--case`); None without a case: prepare
+    takes the prompt file's, the lengths' or the model's defaults
+    (harness/check/prompts.py)."""
+    return load_case(Path(s.case)).prompts if s.case else None
 
 
 def discover(directory: Path = CASES_DIR) -> list[Path]:

@@ -165,7 +165,9 @@ class Reducer:
             return
         for v in ladder(c.layers, 1):
             d = truncated_layers(c.settings.model, c.settings.seed, v, Path(self._staging.name) / f"layers-{v}")
-            yield f"layers {c.layers} -> {v}", replace(c, settings=replace(c.settings, model=str(d)), layers=v)
+            # a preset cut to a directory keeps its drafter (`auto` would turn a directory's into the self-draft)
+            pinned = replace(c.settings, model=str(d), drafter=c.settings.drafter_config(c.layers).kind)
+            yield f"layers {c.layers} -> {v}", replace(c, settings=pinned, layers=v)
 
     def shorter_prompts(self, c: Candidate) -> Iterator[tuple[str, Candidate]]:
         longest = max(len(p.tokens) for p in c.prompts)

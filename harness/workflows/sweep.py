@@ -28,7 +28,7 @@ from harness.engine.settings import DEFAULT_PROMPTS, NotRunnableHere, PromptSpec
 class SettingJob:
     index: int
     settings: RunSettings
-    prompts: tuple[PromptSpec, ...] = DEFAULT_PROMPTS
+    prompts: tuple[PromptSpec, ...] | None = DEFAULT_PROMPTS   # None: the run's own (text for a tokenizer's model)
     case: str = "sweep"
     label: str = ""                  # the matrix table or expected fault it came from
     expect_fault: str | None = None  # set when the gate expects this run to be caught

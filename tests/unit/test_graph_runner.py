@@ -32,7 +32,7 @@ def make_runner(engine) -> GraphRunner:
 def live_batch(engine, rids: list[int], step: int = 0):
     """A verify batch for these requests, on freshly allocated slots."""
     s, reqs = engine.s, [engine.requests[i] for i in rids]
-    trees = [build_tree(r.emitted[-1], engine.drafter.propose(r.continuation, len(r.emitted), r.spec.accuracy,
+    trees = [build_tree(r.emitted[-1], engine.drafter.propose_along(r.continuation, len(r.emitted), r.spec.accuracy,
                                                               r.rid, step), s.budget, s.topk) for r in reqs]
     loc = engine.pool.allocator.alloc(len(reqs) * s.q_len)
     return build_verify_batch(trees, [r.seq_len for r in reqs], [r.req_pool_idx for r in reqs],

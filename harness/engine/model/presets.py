@@ -15,6 +15,7 @@ import torch
 
 from ddschema import ModelConfig, weight_names
 from harness.engine.model.hf_config import ModelLoadError, config_from_hf, config_to_hf  # noqa: F401  (re-exported)
+from harness.engine.model.named import named_dir
 
 PRESETS: dict[str, ModelConfig] = {
     # fast enough for CI on 2 cores, even under the Triton interpreter
@@ -159,7 +160,7 @@ def model_config(model: str) -> ModelConfig:
     """The config of a preset or a checkpoint directory, weights unread (tensor names only)."""
     if model in PRESETS:
         return PRESETS[model]
-    path = Path(model)
+    path = named_dir(model) or Path(model)
     from safetensors import safe_open
     return with_sinks_of(read_config(path), [n for f in sorted(path.glob("*.safetensors"))
                                              for n in safe_open(str(f), "pt").keys()])
@@ -187,13 +188,29 @@ def checkpoint_dir(model: str, seed: int, sliding_window: int | None = None) -> 
         with tempfile.TemporaryDirectory(prefix="ddcheck-preset-") as d:
             cfg = with_window(PRESETS[model], sliding_window)
             yield write_checkpoint(Path(d), cfg, random_weights(PRESETS[model], seed))
-    elif ("/" in model or Path(model).exists()) and sliding_window is not None:
+        return
+    model = str(named_dir(model) or model)   # a registered trained model: its cache directory
+    if ("/" in model or Path(model).exists()) and sliding_window is not None:
         with tempfile.TemporaryDirectory(prefix="ddcheck-window-") as d:
             yield _windowed_copy(Path(model), Path(d), sliding_window)
     elif "/" in model or Path(model).exists():
         yield Path(model)
     else:
-        raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} (or a checkpoint directory)")
+        raise ModelLoadError(unknown_model(model))
+
+
+def unknown_model(model: str) -> str:
+    from harness.engine.model.named import REGISTRY
+    return (f"unknown model {model!r}; presets: {', '.join(PRESETS)}; trained models: {', '.join(REGISTRY)} "
+            "(`ddcheck models`); or a checkpoint directory")
+
+
+def model_dir(model: str) -> Path | None:
+    """The checkpoint directory a run of `model` reads (a registered trained
+    model's cache, materialized on first use), None for a preset."""
+    if model in PRESETS:
+        return None
+    return named_dir(model) or Path(model)
 
 
 def _windowed_copy(src: Path, dst: Path, window: int) -> Path:
@@ -216,7 +233,8 @@ def load_model(model: str, seed: int, sliding_window: int | None = None) -> tupl
     """A preset name or a checkpoint directory (with --sliding-window applied)."""
     if model in PRESETS:
         return with_window(PRESETS[model], sliding_window), random_weights(PRESETS[model], seed)
+    model = str(named_dir(model) or model)
     if "/" in model or Path(model).exists():
         cfg, weights = load_checkpoint(Path(model))
         return with_window(cfg, sliding_window), weights
-    raise ModelLoadError(f"unknown model preset {model!r}; presets: {', '.join(PRESETS)} (or a checkpoint directory)")
+    raise ModelLoadError(unknown_model(model))
