@@ -11,6 +11,8 @@ from rich.table import Table
 
 from harness.cli import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
+from harness.cli.outputs import check_not_inputs, refuse_unsafe
+from harness.runner.settings import UsageError
 
 
 @app.command()
@@ -24,15 +26,18 @@ def calibrate(
     from dataclasses import replace
     from harness.calibrate import calibration_settings, measure, write_tolerances
     from harness.cases import load_case
+    from harness.sweep import SettingJob, job_inputs
     err = Console(stderr=True)
     try:
         check_outputs(out=out)
+        refuse_unsafe("CASE", case)   # rewritten in place when no --out is given
         c = load_case(case)
         settings = calibration_settings(c)
         if model is not None:
             settings = [replace(s, model=model) for s in settings]
         if not settings:
-            raise ValueError(f"calibrate: {case} has no fault-free setting to measure")
+            raise UsageError(f"calibrate: {case} has no fault-free setting to measure")
+        check_not_inputs({"--out": out}, job_inputs([SettingJob(0, s) for s in settings]))
         from harness.prepare import prepare
         prepare(settings[0])   # bad model input is a usage error before any measuring
     except USAGE_ERRORS as e:

@@ -33,7 +33,9 @@ def first_difference(a: list[dict], b: list[dict]) -> str | None:
     return None
 
 
-def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html: Path | None) -> NoReturn:
+def run_side_by_side(base: RunSettings, impls: list[str], path: Path, html: Path | None, claim) -> NoReturn:
+    """Every port loads before anything runs (a usage error leaves the outputs as they were);
+    `claim` (harness.cli.outputs.OutputClaim) then takes the outputs over."""
     from harness.check import check
     from harness.prepare import LoadCache
     from harness.cli.run_cmd import print_summary
@@ -46,9 +48,8 @@ def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html
             prepared.append((impl, loads.prepare(s)))
         except SettingSkipped as e:
             typer.echo(f"SKIP {impl}: {e}")
-    from harness.cli.common import clear_stale
-    path = out or Path("reports") / "side-by-side.jsonl"
-    clear_stale(path, html)
+    from harness.cli.common import take_or_fail
+    take_or_fail(claim)
     writer = RecordWriter(path)
     per_impl, failed = {}, False
     for impl, p in prepared:
