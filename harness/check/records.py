@@ -125,15 +125,3 @@ def provenance() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {"ddcheck_version": ver, "commit": commit}
-
-
-def write_text_atomic(path, text: str) -> None:
-    """All or nothing: a temporary file beside `path`, renamed over it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -13,6 +13,8 @@ from rich.table import Table
 
 from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
+from harness.check.outputs import check_not_inputs, refuse_unsafe
+from harness.engine.settings import UsageError
 
 
 @app.command()
@@ -26,15 +28,18 @@ def calibrate(
     from dataclasses import replace
     from harness.workflows.calibrate import calibration_settings, measure, write_tolerances
     from harness.workflows.cases import load_case, prompts_for
+    from harness.workflows.sweep import SettingJob, job_inputs
     err = Console(stderr=True)
     try:
         check_outputs(out=out)
+        refuse_unsafe("CASE", case)   # rewritten in place when no --out is given
         c = load_case(case)
         settings = calibration_settings(c)
         if model is not None:
             settings = [replace(s, model=model) for s in settings]
         if not settings:
-            raise ValueError(f"calibrate: {case} has no fault-free setting to measure")
+            raise UsageError(f"calibrate: {case} has no fault-free setting to measure")
+        check_not_inputs({"--out": out}, job_inputs([SettingJob(0, s) for s in settings]))
         from harness.check.prepare import prepare
         prepare(settings[0], prompts_for(settings[0]))   # bad model input is a usage error before any measuring
     except USAGE_ERRORS as e:

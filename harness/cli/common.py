@@ -11,7 +11,6 @@ import typer
 
 from harness.engine.settings import UsageError
 from harness.check.prepare import USAGE_ERRORS  # noqa: F401  (the commands catch them)
-from harness.check.records import write_text_atomic  # noqa: F401  (the commands write with it)
 
 
 def fail_usage(e: Exception) -> NoReturn:
@@ -66,17 +65,27 @@ def pick_backend(backend: str | None) -> str:
     return backend or default_backend()
 
 
+def take_or_fail(claim) -> None:
+    """Lock a command's outputs and mark them incomplete
+    (harness.check.outputs.OutputClaim.take); held by another ddcheck: exit 2."""
+    try:
+        claim.take()
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+
+
 def check_outputs(**paths) -> None:
     """Every output path (flag name -> path or None) is writable BEFORE any work:
-    not a directory, not under a file, its folder creatable and writable.
-    Raises UsageError naming the flag."""
+    absent or a regular file (not a directory, device node, FIFO, socket or
+    symbolic link: harness.check.outputs), not under a file, its folder creatable
+    and writable. Raises UsageError naming the flag."""
     from pathlib import Path
+    from harness.check.outputs import refuse_unsafe
     for flag, path in paths.items():
         if path is None:
             continue
         p, name = Path(path), "--" + flag.replace("_", "-")
-        if p.is_dir():
-            raise UsageError(f"{name} {p}: is a directory")
+        refuse_unsafe(name, p)
         check_creatable(name, p, p.parent)
 
 
@@ -92,15 +101,7 @@ def check_creatable(name: str, p, parent) -> None:
         raise UsageError(f"{name} {p}: {parent} is not writable")
 
 
-def clear_stale(*paths) -> None:
-    """When a command's work starts (every input checked): outputs of the same
-    name from an earlier run are removed, with any temporary file beside them,
-    so a run killed half-way never leaves the previous run's "passed": true,
-    JUnit or HTML in place of its own."""
-    from pathlib import Path
-    for path in paths:
-        if path is None:
-            continue
-        p = Path(path)
-        p.unlink(missing_ok=True)
-        p.with_name(f".{p.name}.tmp").unlink(missing_ok=True)
+def write_text_atomic(path, text: str) -> None:
+    """All or nothing: a fresh temporary file beside `path`, renamed over it."""
+    from harness.check.outputs import replace_atomically
+    replace_atomically(path, text)

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.cli.app import app
-from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_device, write_text_atomic
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_device, take_or_fail, write_text_atomic
+from harness.check.outputs import OutputClaim, check_not_inputs
 
 
 MAX_SEEDS = 1000   # seeds of the self-check's fault-free matrix, or per fault
@@ -68,32 +69,36 @@ def faults(
             fail_usage(ValueError(f"{flag} must be in [1, {MAX_SEEDS}], got {n}"))
     try:
         check_outputs(json=json_out)
-    except USAGE_ERRORS as e:
-        fail_usage(e)
-    clear_stale(json_out)
-    from harness.workflows.fault_selftest import self_check
-    rows = []
-    try:
         if impl:
+            from harness.ports.import_check import check_port_imports
             from harness.ports.registry import parse_impl
             impl = parse_impl(impl).label
-        from harness.workflows.fault_selftest import CLEAN_MATRIX, CLEAN_QUICK
-        total = len(only or cat) * fault_seeds + seeds * len(CLEAN_QUICK if quick else CLEAN_MATRIX)
-        for n, row in enumerate(self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device),
-                                           impl=impl), 1):
-            # progress, one unwrapped line per run as it finishes (a CI log shows it live)
-            if row is None:
-                typer.echo(f"[{n}/{total}] skip: the port cannot run this setting, or replaces the stage the "
-                           "fault swaps", err=True)
-                continue
-            rows.append(row)
-            typer.echo(f"[{n}/{total}] {row.fault or 'fault-free'} seed {row.settings.seed}: "
-                       f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)", err=True)
+            check_not_inputs({"--json": json_out}, [("--impl", Path(impl.partition(":")[2]))])
+            check_port_imports([impl])
     except USAGE_ERRORS as e:
         fail_usage(e)
-    _print_table(rows)
-    if json_out:
-        write_text_atomic(json_out, json.dumps([_row_dict(r) for r in rows], indent=1))
+    from harness.workflows.fault_selftest import self_check
+    rows = []
+    with OutputClaim("faults --check", 0, json=json_out) as claim:
+        take_or_fail(claim)
+        try:
+            from harness.workflows.fault_selftest import CLEAN_MATRIX, CLEAN_QUICK
+            total = len(only or cat) * fault_seeds + seeds * len(CLEAN_QUICK if quick else CLEAN_MATRIX)
+            for n, row in enumerate(self_check(backend, seeds, quick, fault_seeds, only, device=pick_device(device),
+                                               impl=impl), 1):
+                # progress, one unwrapped line per run as it finishes (a CI log shows it live)
+                if row is None:
+                    typer.echo(f"[{n}/{total}] skip: the port cannot run this setting, or replaces the stage the "
+                               "fault swaps", err=True)
+                    continue
+                rows.append(row)
+                typer.echo(f"[{n}/{total}] {row.fault or 'fault-free'} seed {row.settings.seed}: "
+                           f"{'ok' if row.ok else 'FAIL'} ({row.seconds:.1f}s)", err=True)
+        except USAGE_ERRORS as e:
+            fail_usage(e)
+        _print_table(rows)
+        if json_out:
+            write_text_atomic(json_out, json.dumps([_row_dict(r) for r in rows], indent=1))
     raise typer.Exit(0 if all(r.ok for r in rows) else 1)
 
 

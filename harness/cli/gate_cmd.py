@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 
 from harness.cli.app import app
-from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, write_text_atomic
+from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, fail_usage, take_or_fail, write_text_atomic
+from harness.check.outputs import OutputClaim, check_not_inputs
 from harness.engine.settings import UsageError
 
 
@@ -46,9 +47,9 @@ def gate(
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.workflows.cases import DEFAULT_CASE, load_case
     from harness.cli.sweep_cmd import pick_case_device, print_results, run_or_exit
-    from harness.workflows.gate import json_summary, judge, junit_xml, plan
+    from harness.workflows.gate import ci_line, gate_line, json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
-    from harness.workflows.sweep import default_jobs, on_device, validate, with_impls, write_jsonl
+    from harness.workflows.sweep import default_jobs, job_inputs, on_device, unjudged_lines, validate, with_impls, write_jsonl
     t0 = time.perf_counter()
     try:
         check_outputs(out=out, junit=junit, json=json_out, html=html)
@@ -59,34 +60,29 @@ def gate(
         loaded = [load_case(p) for p in (case_files or [DEFAULT_CASE])]
         job_list = with_impls(on_device(plan(loaded, fault), on), impl)
         validate(job_list)
+        check_not_inputs({"--out": out, "--junit": junit, "--json": json_out, "--html": html},
+                         job_inputs(job_list, *(c.path for c in loaded)))
     except USAGE_ERRORS as e:
         fail_usage(e)
-    clear_stale(out, junit, json_out, html)
-    results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
-    wall = time.perf_counter() - t0
-    verdicts = judge(job_list, results)
-    write_jsonl(results, out)
-    for path, text in ((junit, junit_xml(verdicts, wall) if junit else ""),
-                       (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):
-        if path:
-            write_text_atomic(path, text)
-    failed = [v for v in verdicts if not v.passed]
-    print_results(job_list, results, "gate", [f"FAIL {v.case} / {v.name}: {v.message} | reproduce: {v.setting}"
-                                              for v in failed])
-    if Console().is_terminal:
-        for v in failed:
-            typer.echo(f"FAIL {v.case} / {v.name}: {v.message}\n     reproduce: {v.setting}")
-    if html:
-        from harness.report.html import write_report
-        write_report([out], html)
-    n_faults = sum(v.kind == "fault" for v in verdicts)
-    skipped = sum(v.skipped for v in verdicts)
-    typer.echo(f"gate: {'PASS' if not failed else 'FAIL'}: {len(verdicts) - n_faults} settings, {n_faults} "
-               f"expected faults, {len(failed)} failing"
-               + (f", {skipped} skipped (not run here: not checked, not passed)" if skipped else "")
-               + f", in {wall:.1f} s on {jobs or default_jobs()} jobs; records {out}")
-    from harness.workflows.sweep import unjudged_lines
+    with OutputClaim("gate", len(job_list), out=out, junit=junit, json=json_out, html=html) as claim:
+        take_or_fail(claim)
+        results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
+        wall = time.perf_counter() - t0
+        verdicts = judge(job_list, results)
+        write_jsonl(results, out)
+        for path, text in ((junit, junit_xml(verdicts, wall) if junit else ""),
+                           (json_out, json_summary(loaded, verdicts, wall, str(out)) if json_out else "")):
+            if path:
+                write_text_atomic(path, text)
+        failed = [v for v in verdicts if not v.passed]
+        print_results(job_list, results, "gate", [ci_line(v) for v in failed], out)
+        if Console().is_terminal:
+            for v in failed:
+                typer.echo(f"FAIL {v.case} / {v.name}: {v.message}\n     reproduce: {v.setting}")
+        if html:
+            from harness.report.html import write_report
+            write_report([out], html)
+    typer.echo(gate_line(verdicts, wall, jobs or default_jobs(), out))
     for line in unjudged_lines(results):
         typer.echo(line, err=True)
     raise typer.Exit(3 if unjudged_lines(results) else 1 if failed else 0)
-

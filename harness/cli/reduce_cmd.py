@@ -3,6 +3,7 @@
 Layer: cli. Imports any layer below it."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -16,12 +17,27 @@ def default_out(records: Path) -> Path:
     return Path("reports") / f"reduce-{records.stem}"
 
 
-def check_out_dir(out: Path) -> None:
-    """DIR is a directory or can be made one, before any work."""
+WRITTEN = ("case.toml", "repro.py", "model")   # what reduce writes into DIR
+
+
+def check_out_dir(out: Path, records: Path) -> None:
+    """DIR is a directory or can be made one, before any work; what reduce
+    writes there is absent or a regular file (a folder for `model`), and none
+    of it is the records being read."""
+    from harness.check.outputs import refuse_unsafe
     from harness.engine.settings import UsageError
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: is not a directory")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise UsageError(f"--out {out}: is not a directory" + (" (a symbolic link)" if out.is_symlink() else ""))
     check_creatable("--out", out, out)
+    for name in WRITTEN[:2]:
+        refuse_unsafe("--out", out / name)
+    model = out / "model"
+    if model.is_symlink() or (model.exists() and not model.is_dir()):
+        raise UsageError(f"--out {out}: {model} is not a directory reduce may write a checkpoint into")
+    held = Path(os.path.realpath(records))
+    for name in WRITTEN:
+        if held.is_relative_to(os.path.realpath(out / name)):
+            raise UsageError(f"--out {out}: reduce writes {out / name}, which is the records it reads ({records})")
 
 
 @app.command()
@@ -35,7 +51,7 @@ def reduce(
     from harness.workflows.reduce import reduce_records
     out = out or default_out(records)
     try:
-        check_out_dir(out)
+        check_out_dir(out, records)
         result = reduce_records(records, out, lambda line: typer.echo(line))
     except USAGE_ERRORS as e:
         fail_usage(e)

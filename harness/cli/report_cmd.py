@@ -10,6 +10,7 @@ import typer
 
 from harness.cli.app import app
 from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage
+from harness.check.outputs import check_not_inputs
 
 
 @app.command()
@@ -23,6 +24,7 @@ def report(
     from harness.report.model import BAD_STATUSES, ReportInputError
     try:
         check_outputs(out=out)
+        check_not_inputs({"--out": out}, [("records file", r) for r in records])
         views = write_report(records, out)
     except (ReportInputError, *USAGE_ERRORS) as e:
         fail_usage(e)

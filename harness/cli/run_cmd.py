@@ -18,12 +18,16 @@ from harness.check.prepare import prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli.app import app
 from harness.cli.summary_table import print_summary
-from harness.cli.common import USAGE_ERRORS, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
+from harness.cli.common import USAGE_ERRORS, check_outputs, fail_usage, pick_backend, pick_device, take_or_fail
+from harness.check.outputs import OutputClaim, check_not_inputs
 from harness.check.records import RecordWriter
 from harness.workflows.calibrate import parse_noise_rule
 from harness.check.prompts import parse_prompt_lens
 from harness.workflows.cases import prompts_for
 from harness.engine.settings import RunSettings
+
+
+SIDE_BY_SIDE_OUT = Path("reports") / "side-by-side.jsonl"
 
 
 def default_out(s: RunSettings) -> Path:
@@ -83,7 +87,6 @@ def run(
     draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: all but the target's last two layers)"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
-    console = Console(stderr=True)
     try:
         check_outputs(out=out, html=html)
         s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
@@ -95,21 +98,49 @@ def run(
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
                         noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
                         page_size=page_size, drafter=drafter, draft_layers=draft_layers)
+        path = out or (SIDE_BY_SIDE_OUT if impl and len(impl) > 1 else default_out(s))
+        check_outputs(out=path)   # the default path too: never a link, a device or a FIFO
+        check_not_inputs({"--out": path, "--html": html}, run_inputs(s, impl).items())
+        if impl:
+            from harness.ports.import_check import check_port_imports
+            check_port_imports(impl)   # in a child process: an exit at import is a failure, never a pass
+    except USAGE_ERRORS as e:
+        fail_usage(e)
+    with OutputClaim("run", 1, out=path, html=html) as claim:
+        run_claimed(s, impl, claim, path, html)
+
+
+def run_inputs(s: RunSettings, impl: list[str] | None) -> dict:
+    """What a run reads (flag -> path): never one of its outputs."""
+    from harness.engine.model.presets import PRESETS
+    inputs = {"--model": None if s.model in PRESETS else s.model, "--case": s.case, "--prompt-file": s.prompt_file}
+    for i, label in enumerate(impl or ()):
+        inputs[f"--impl #{i + 1}"] = label.partition(":")[2] or None
+    return inputs
+
+
+def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path: Path, html: Path | None) -> NoReturn:
+    """The run once its outputs are checked: the model inputs (a usage error
+    still leaves the outputs as they were), then the outputs taken over, the
+    check, the records."""
+    try:
         if impl and len(impl) > 1:
             from harness.cli.side_by_side import run_side_by_side
-            run_side_by_side(s, impl, out, html)
+            run_side_by_side(s, impl, path, html, claim)
         prepared = prepare(s, prompts_for(s))
     except SettingSkipped as e:
-        skipped(s, out, e)
+        take_or_fail(claim)
+        skipped(s, path, e)
     except USAGE_ERRORS as e:
         fail_usage(e)
     except typer.Exit:   # a side-by-side run ends the command itself
         raise
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
-        crashed(s, RecordWriter(out or default_out(s)), e)
-    path = out or default_out(s)
-    clear_stale(path, html)
+        take_or_fail(claim)
+        crashed(s, RecordWriter(path), e)
+    take_or_fail(claim)
     writer = RecordWriter(path)
+    console = Console(stderr=True)
     with Progress(TextColumn("[bold]verify"), BarColumn(), MofNCompleteColumn(), TextColumn("tokens"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task("verify", total=s.max_new_tokens * s.batch)
@@ -127,10 +158,9 @@ def run(
     raise typer.Exit(EXIT_CODES[summary.verdict])
 
 
-def skipped(s: RunSettings, out: Path | None, e: Exception) -> NoReturn:
+def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
     """A setting the port cannot run: a summary saying why, exit 0 (not a pass, not a failure)."""
     from harness.check.summary import CheckSummary, summary_record
-    path = out or default_out(s)
     writer = RecordWriter(path)
     writer.begin_run()
     writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})

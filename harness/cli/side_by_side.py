@@ -35,11 +35,13 @@ def first_difference(a: list[dict], b: list[dict]) -> str | None:
     return None
 
 
-def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html: Path | None) -> NoReturn:
+def run_side_by_side(base: RunSettings, impls: list[str], path: Path, html: Path | None, claim) -> NoReturn:
+    """Every port loads before anything runs (a usage error leaves the outputs as they were);
+    `claim` (harness.check.outputs.OutputClaim) then takes the outputs over."""
     from harness.check.differential import check
     from harness.check.prepare import LoadCache
-    from harness.workflows.cases import prompts_for
     from harness.cli.summary_table import print_summary
+    from harness.workflows.cases import prompts_for
     from harness.ports.attach import SettingSkipped
     from rich.console import Console
     prepared, loads = [], LoadCache()   # one reading of the checkpoint under every port
@@ -49,9 +51,8 @@ def run_side_by_side(base: RunSettings, impls: list[str], out: Path | None, html
             prepared.append((impl, loads.prepare(s, prompts_for(s))))
         except SettingSkipped as e:
             typer.echo(f"SKIP {impl}: {e}")
-    from harness.cli.common import clear_stale
-    path = out or Path("reports") / "side-by-side.jsonl"
-    clear_stale(path, html)
+    from harness.cli.common import take_or_fail
+    take_or_fail(claim)
     writer = RecordWriter(path)
     per_impl, failed = {}, False
     for impl, p in prepared:

@@ -16,11 +16,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harness.cli.app import app
-from harness.cli.common import USAGE_ERRORS, check_jobs, check_outputs, clear_stale, fail_usage, pick_backend, pick_device
-from harness.engine.settings import RunSettings, UsageError
+from harness.cli.common import (USAGE_ERRORS, check_jobs, check_outputs, fail_usage, pick_backend, pick_device,
+                                 take_or_fail)
+from harness.check.outputs import OutputClaim, RecordStream, check_not_inputs
+from harness.engine.settings import DEFAULT_PROMPTS, RunSettings, UsageError
 from harness.report.model import describe_first
-from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, run_jobs, short_label, summary_frame, validate,
-                           unjudged_lines, verdict, with_impls, write_jsonl)
+from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, job_inputs, run_jobs, short_label, summary_frame,
+                           validate, unjudged_lines, verdict, with_impls, write_jsonl)
 
 # the summary table's verdicts (harness.workflows.sweep.verdict); caught is an expected fault, not a failure
 VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
@@ -42,14 +44,18 @@ def parse_list(flag: str, raw: str, kind) -> tuple:
         raise UsageError(f"{flag}: expected a comma list of {what}, got {raw!r}") from None
 
 
-def run_with_progress(jobs: list[SettingJob], n_jobs: int, title: str) -> list[SettingResult]:
-    """Run the jobs; a progress bar and one line per finished setting on stderr."""
+def run_with_progress(jobs: list[SettingJob], n_jobs: int, title: str,
+                      stream: RecordStream | None = None) -> list[SettingResult]:
+    """Run the jobs; a progress bar and one line per finished setting on
+    stderr, each finished setting's records appended to `stream` at once."""
     console = Console(stderr=True)
     with Progress(TextColumn(f"[bold]{title}"), BarColumn(), MofNCompleteColumn(), TextColumn("settings"),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(title, total=len(jobs))
 
         def done(job: SettingJob, r: SettingResult) -> None:
+            if stream is not None:
+                stream.add(r.lines)
             v = verdict(job, r)
             bar.console.print(f"[{VERDICT_COLOURS[v]}]{v}[/] {job.case}/{job.label or '-'} {short_label(job.settings)} "
                               f"({r.wall_s:.1f} s)",
@@ -64,28 +70,32 @@ def one_line(text: str) -> str:
 
 
 def print_results(jobs: list[SettingJob], results: list[SettingResult], title: str,
-                  failures: list[str] | None = None) -> None:
-    """On a terminal, the table; in a CI log (no terminal) a tally line and one
-    line per failed setting: verdict, case/label, setting, first divergence and
-    explanation (`failures`: the gate's own lines instead)."""
+                  failures: list[tuple[str, str]] | None = None, records: Path | None = None) -> None:
+    """On a terminal, the table; in a CI log (no terminal) a tally line and,
+    per failed setting, two lines of at most 80 columns: verdict, case/label
+    and setting, then the class the localizer named and the first divergence
+    (`failures`: the gate's own pairs instead); then the command that shows
+    each in full (explanation, reproduce command)."""
+    from harness.workflows.gate import fit
     if Console().is_terminal:
         print_frame(jobs, results, title)
         return
     verdicts = [verdict(j, r) for j, r in zip(jobs, results)]
     tally = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     typer.echo(f"{title}: {len(jobs)} settings: " + ", ".join(f"{n} {v}" for v, n in tally.items()))
-    if failures is not None:
-        for line in failures:
-            typer.echo(one_line(line))
-        return
-    for j, r, v in zip(jobs, results, verdicts):
-        if v in ("pass", "caught", "skip"):
-            continue
-        first = r.usage_error or describe_first(r.summary)
-        why = (r.localize or {}).get("explanation") or r.summary.get("explanation")
-        named = r.summary.get("fault_class")
-        typer.echo(one_line(f"{v} {j.case}/{j.label or '-'} {short_label(j.settings)}: {first}"
-                            + (f"; {named}: {why}" if why else "")))
+    if failures is None:
+        failures = []
+        for j, r, v in zip(jobs, results, verdicts):
+            if v in ("pass", "caught", "skip"):
+                continue
+            named = r.summary.get("fault_class")
+            failures.append((f"{v} {j.case}/{j.label or '-'} {short_label(j.settings)}",
+                             (f"{named}: " if named else "") + (r.usage_error or describe_first(r.summary))))
+    for head, detail in failures:
+        typer.echo(fit(one_line(head)))
+        typer.echo(fit("    " + one_line(detail)))
+    if failures and records is not None:
+        typer.echo(f"{title}: each failure in full, with its reproduce command: ddcheck report {records}")
 
 
 def print_frame(jobs: list[SettingJob], results: list[SettingResult], title: str = "sweep") -> None:
@@ -130,18 +140,26 @@ def leave_after_interrupt(code: int, grace_s: float = 10.0) -> NoReturn:
 
 
 def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | None = None) -> list[SettingResult]:
-    """Run every setting; a usage error met inside a worker is exit 2. Ctrl-C:
-    the finished settings' records go to `out` with an `interrupted` record
-    (a report shows the file as incomplete), one line says what finished, exit 130."""
+    """Run every setting, each one's records appended to `out` as it finishes
+    (after the `started` placeholder OutputClaim wrote: a run killed after N
+    settings leaves their N summaries, in a file a report shows incomplete);
+    a usage error met inside a worker is exit 2. Ctrl-C: the finished
+    settings' records go to `out` with an `interrupted` record (a report shows
+    the file as incomplete), one line says what finished, exit 130. The
+    finished file replaces the stream atomically (write_jsonl)."""
     from harness.workflows.sweep import Interrupted
+    stream = RecordStream(out)
     try:
-        results = run_with_progress(jobs, n_jobs, title)
+        results = run_with_progress(jobs, n_jobs, title, stream)
     except Interrupted as e:
+        stream.close()
         if out is not None:
             write_jsonl(e.finished, out, interrupted=(len(e.finished), e.total))
         typer.echo(f"{title}: interrupted: {len(e.finished)} of {e.total} settings finished"
                    + (f"; their records in {out} (incomplete)" if out is not None else ""), err=True)
         leave_after_interrupt(130)
+    finally:
+        stream.close()
     err = next((f"{r.usage_error} (setting: {r.setting})" for r in results if r.usage_error), None)
     if err:
         fail_usage(UsageError(err))
@@ -192,16 +210,18 @@ def sweep(
             job_list = plan_flags(matrix_flags, run_flags, device, fault)
         job_list = with_impls(job_list, impl, port_stages)
         validate(job_list)
+        check_not_inputs({"--out": out, "--html": html}, job_inputs(job_list, case))
     except USAGE_ERRORS as e:
         fail_usage(e)
-    clear_stale(out, html)
-    results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
-    write_jsonl(results, out)
-    print_results(job_list, results, "sweep")
-    if html:
-        from harness.report.html import write_report
-        write_report([out], html)
-        typer.echo(f"report: {html}")
+    with OutputClaim("sweep", len(job_list), out=out, html=html) as claim:
+        take_or_fail(claim)
+        results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
+        write_jsonl(results, out)
+        print_results(job_list, results, "sweep", records=out)
+        if html:
+            from harness.report.html import write_report
+            write_report([out], html)
+            typer.echo(f"report: {html}")
     unjudged = unjudged_lines(results)
     for line in unjudged:
         typer.echo(line, err=True)

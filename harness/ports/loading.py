@@ -129,6 +129,9 @@ def load_port_module(path: Path) -> LoadedPort:
     except Exception as e:  # noqa: BLE001  (the user's module failed at import: say where, exit 2)
         sys.modules.pop(name, None)
         raise PortError(f"{path} failed to import: {type(e).__name__}: {e}".splitlines()[0]) from None
+    except SystemExit as e:   # an exit at import is a failure, never the run's own exit (code 0 was a pass)
+        sys.modules.pop(name, None)
+        raise PortError(f"{path}: port import failed: it called sys.exit({e.code!r}) while being imported") from None
     finally:
         sys.meta_path.remove(finder)
         # the port keeps what it took from its stubs; the process does not (a later load, or a real

@@ -87,6 +87,8 @@ a.cell { display: inline-block; min-width: 46px; padding: 6px 4px; margin: 1px; 
          text-decoration: none; color: #fff; font-weight: 600; }
 .st-pass { background: #2e9d52; } .st-near-tie { background: #d39b1c; } .st-diverge { background: #c62f2f; }
 .st-incomplete { background: #a8322d; } .st-caught { background: #2f6db3; } .st-missed { background: #7b1d5e; }
+.st-skip { background: #8a94a0; } .st-below-baseline { background: #b4531f; }
+section.setting.st-skip { border-left-color: #8a94a0; } section.setting.st-below-baseline { border-left-color: #b4531f; }
 section.setting.st-caught { border-left-color: #2f6db3; } section.setting.st-missed { border-left-color: #7b1d5e; }
 section.setting { background: none; border: 1px solid #d5dbe1; border-left-width: 6px; border-radius: 4px;
                   padding: 12px 16px; margin: 12px 0; }
@@ -131,7 +133,8 @@ svg.chart circle.pt.hollow { fill: none; stroke: #7d8791; } svg.chart circle.pt.
 
 LEGEND = ('<p class="legend"><span class="st-pass">pass</span> <span class="st-near-tie">pass, near ties</span> '
           '<span class="st-diverge">diverge</span> <span class="st-caught">expected fault caught</span> '
-          '<span class="st-missed">expected fault missed</span> <span class="st-incomplete">incomplete</span> '
+          '<span class="st-missed">expected fault missed</span> <span class="st-below-baseline">below the acceptance '
+          'baseline</span> <span class="st-skip">skipped (not run here)</span> <span class="st-incomplete">incomplete</span> '
           '&nbsp;cell text: nodes checked (divergent/checked when failing); click a cell for its details</p>')
 
 

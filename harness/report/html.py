@@ -33,22 +33,22 @@ def write_report(record_paths: list[Path], out: Path) -> list[SettingView]:
         # a record the type table lets through but the page cannot draw: bad input, said in one line
         raise ReportInputError(f"{', '.join(map(str, record_paths))}: records the report cannot render "
                                f"({type(e).__name__}: {e}); are they ddcheck's?") from None
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
+    from harness.check.outputs import replace_atomically
+    replace_atomically(Path(out), html)
     return views
 
 
 def render(views: list[SettingView], sources: list[str]) -> str:
     failing = [v for v in views if v.status in BAD_STATUSES or v.status == "incomplete"]
     full = len(views) <= FULL_DETAIL_LIMIT
-    n = {st: sum(v.status == st for v in views) for st in ("caught", "diverge", "missed", "incomplete")}
+    n = {st: sum(v.status == st for v in views)
+         for st in ("caught", "skip", "diverge", "below-baseline", "missed", "incomplete")}
     head = (f"{len(views)} setting{'s' * (len(views) != 1)}: "
             f"{sum(v.status in ('pass', 'near-tie') for v in views)} pass, "
             + (f"{n['caught']} expected faults caught, " if n["caught"] else "")
+            + (f"{n['skip']} skipped (not run here: not checked, not passed), " if n["skip"] else "")
             + f"{n['diverge']} diverge, "
+            + (f"{n['below-baseline']} below the acceptance baseline, " if n["below-baseline"] else "")
             + (f"{n['missed']} expected faults missed, " if n["missed"] else "")
             + f"{n['incomplete']} incomplete")
     body = [f'<header><h1>ddcheck report</h1><p class="verdict {"bad" if failing else "good"}">{esc(head)}</p>'
@@ -116,6 +116,8 @@ def _cell_text(v: SettingView) -> str:
     m = v.summary or {}
     if v.status == "incomplete":
         return "?"
+    if v.status == "skip":
+        return "skip"
     if not m.get("passed"):
         return f"{m.get('divergent_nodes', 0)}/{m.get('nodes_checked', 0)}"
     return f"{m.get('nodes_checked', 0)}"
@@ -167,11 +169,15 @@ def _facts(v: SettingView) -> str:
     if m is None:
         return '<p class="bad">no summary record: the run did not finish</p>'
     err = m.get("max_rel_err")
+    if m.get("skipped"):
+        return f'<p class="muted">skipped, not run here (neither checked nor passed): {esc(m["skipped"])}</p>'
     rows = [("first divergence", describe_first(m)), ("nodes checked", m.get("nodes_checked")),
             ("divergent nodes", m.get("divergent_nodes")), ("near ties", m.get("near_ties")),
             ("padding rows seen", m.get("padding_rows")), ("stream mismatches", m.get("stream_mismatches")),
             ("acceptance mismatches", m.get("accept_mismatches")),
             ("mean accepted length", _fmt(m.get("mean_accepted_length"), ".2f")),
+            ("acceptance baseline", m.get("acceptance_shortfall") or (
+                f"held (floor {m['acceptance_floor']:.3f})" if m.get("acceptance_floor") is not None else None)),
             ("acceptance by depth", " ".join(f"{a:.2f}" for a in m["acceptance_by_depth"])
              if m.get("acceptance_by_depth") else None),
             ("trees / walks unlike the oracle's", f"{m['tree_mismatches']} / {m.get('accept_ref_mismatches', 0)}"

@@ -34,7 +34,7 @@ class SettingView:
 
     @property
     def status(self) -> str:
-        """pass | near-tie | caught | diverge | missed | incomplete (see `status_of`)"""
+        """pass | near-tie | skip | caught | diverge | below-baseline | missed | incomplete (see `status_of`)"""
         return "incomplete" if self.summary is None else status_of(self.summary)
 
     @property
@@ -48,19 +48,25 @@ class SettingView:
         return REL_TOL.get(self.settings.get("dtype", ""))
 
 
-BAD_STATUSES = ("diverge", "missed")
+BAD_STATUSES = ("diverge", "missed", "below-baseline")
 
 
 def status_of(summary: dict) -> str:
-    """A summary record's status. A run without `expect_fault`: pass,
-    near-tie (passed, some argmax flipped within tolerance) or diverge. A run
+    """A summary record's status. skip: not run here (`skipped`). A run without
+    `expect_fault`: pass, near-tie (passed, some argmax flipped within
+    tolerance), below-baseline (passed, but its mean accepted length fell
+    below the gate's baseline: `acceptance_shortfall`) or diverge. A run
     the gate expected to fail (`expect_fault` set): caught when it diverged
     and the localizer named the fault's catalog class, else missed (bad)."""
+    if summary.get("skipped"):   # not run here (a port or this machine cannot): nothing was compared
+        return "skip"
     name = summary.get("expect_fault")
     if name:
         return "caught" if expected_fault_caught(summary) else "missed"
     if not summary.get("passed"):
         return "diverge"
+    if summary.get("acceptance_shortfall"):   # the gate's acceptance baseline, written into the record
+        return "below-baseline"
     return "near-tie" if summary.get("near_ties") else "pass"
 
 
@@ -81,12 +87,14 @@ FIELD_TYPES = {
                 "notes": (list, type(None)), "nodes_checked": _INT, "divergent_nodes": _INT, "near_ties": _INT,
                 "padding_rows": _INT, "max_rel_err": _NUM, "tolerance": _NUM, "fault_class": (str, type(None)),
                 "explanation": (str, type(None)), "expect_fault": (str, type(None)), "error": (str, type(None)),
-                "acceptance_by_depth": (list, type(None)), "mean_accepted_length": _NUM},
+                "acceptance_by_depth": (list, type(None)), "mean_accepted_length": _NUM,
+                "skipped": (str, type(None)), "acceptance_shortfall": (str, type(None))},
     "node": {"step": (int,), "request": (int,), "node": (int,), "depth": _INT, "rel_err": _NUM,
              "is_padding": (bool,), "verdict": (str,)},
     "stream": {"request": (int,), "engine_tokens": (list,), "reference_tokens": (list,),
                "first_mismatch": _INT, "verdict": (str,)},
     "interrupted": {"finished": (int,), "total": (int,)},
+    "started": {"total": (int,), "command": (str,)},
     "localize": {"mask_probe": (dict, type(None)), "layer_bisect": (dict, type(None)),
                  "kv_audit": (dict, type(None)), "first_wrong": (dict, type(None)),
                  "metadata_audit": (list, tuple, type(None))},
@@ -142,6 +150,11 @@ def group(paths: list[Path]) -> list[SettingView]:
         if not records:
             views[(str(path), "")] = SettingView(f"s{len(views)}", "(no records)", str(path))
         for rec in records:
+            if rec["kind"] == "started":   # only a file whose run has not finished holds one (RECORDS.md)
+                views[(str(path), "started")] = SettingView(
+                    f"s{len(views)}", f"(incomplete: `ddcheck {rec.get('command')}` that writes this file has not "
+                    f"finished: still running, or killed; {rec.get('total')} settings planned)", str(path))
+                continue
             if rec["kind"] == "interrupted":   # settings that never ran: the file is incomplete
                 views[(str(path), "interrupted")] = SettingView(
                     f"s{len(views)}", f"(interrupted: {rec.get('total', 0) - rec.get('finished', 0)} settings did not run)",

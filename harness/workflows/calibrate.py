@@ -101,7 +101,7 @@ def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path
     calibrated one (everything else kept line for line); validated by
     parsing it back before it is written, atomically."""
     from harness.workflows.cases import load_case
-    from harness.check.records import write_text_atomic
+    from harness.check.outputs import replace_atomically
     lines = Path(case_path).read_text(encoding="utf-8").splitlines()
     kept, skipping = [], False
     for line in lines:
@@ -120,5 +120,5 @@ def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path
         load_case(probe)   # the new file must parse as a case, or nothing is written
     finally:
         probe.unlink(missing_ok=True)
-    write_text_atomic(out, text)
+    replace_atomically(out, text)
     return text

@@ -75,9 +75,8 @@ def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]
             passed, msg = r.passed, ""
             if not r.passed:
                 msg = f"diverged: {first}" + (f"; {explanation}" if explanation else "")
-            elif job.acceptance is not None and r.usage_error is None:
-                short = job.acceptance.shortfall(r.summary.get("mean_accepted_length"))
-                passed, msg = short is None, f"acceptance: {short}" if short else ""
+            elif r.summary.get("acceptance_shortfall"):   # run_job wrote the baseline's verdict into the record
+                passed, msg = False, f"acceptance: {r.summary['acceptance_shortfall']}"
             out.append(Verdict(job.case, "setting", name, r.setting, passed, msg, r.wall_s))
             continue
         fault = catalog()[job.expect_fault]
@@ -93,17 +92,29 @@ def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]
     return out
 
 
-def junit_xml(verdicts: list[Verdict], wall_s: float) -> str:
+def stamp() -> dict:
+    """Which ddcheck (version, git commit or null) and when (UTC), as the summary records carry it."""
+    from harness.check.outputs import stamp as output_stamp
+    return output_stamp()
+
+
+def junit_xml(verdicts: list[Verdict], wall_s: float, made: dict | None = None) -> str:
     """One testsuite per case, one testcase per setting and per expected fault
-    (classname = case name), the first divergence or explanation in the failure message."""
+    (classname = case name), the first divergence or explanation in the
+    failure message; each suite stamped (timestamp, properties ddcheck_version
+    and commit, "unknown" outside a git checkout)."""
+    made = made or stamp()
     root = ET.Element("testsuites", name="ddcheck gate", tests=str(len(verdicts)),
                       failures=str(sum(not v.passed for v in verdicts)),
-                      skipped=str(sum(v.skipped for v in verdicts)), time=f"{wall_s:.1f}")
+                      skipped=str(sum(v.skipped for v in verdicts)), time=f"{wall_s:.1f}", timestamp=made["time"])
     for case in dict.fromkeys(v.case for v in verdicts):
         mine = [v for v in verdicts if v.case == case]
         suite = ET.SubElement(root, "testsuite", name=case, tests=str(len(mine)),
                               failures=str(sum(not v.passed for v in mine)), skipped=str(sum(v.skipped for v in mine)),
-                              time=f"{sum(v.seconds for v in mine):.1f}")
+                              time=f"{sum(v.seconds for v in mine):.1f}", timestamp=made["time"])
+        props = ET.SubElement(suite, "properties")
+        for key in ("ddcheck_version", "commit"):
+            ET.SubElement(props, "property", name=key, value=str(made.get(key) or "unknown"))
         for v in mine:
             tc = ET.SubElement(suite, "testcase", classname=case, name=v.name, time=f"{v.seconds:.1f}")
             if v.skipped:
@@ -117,9 +128,43 @@ def junit_xml(verdicts: list[Verdict], wall_s: float) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def json_summary(cases: list[Case], verdicts: list[Verdict], wall_s: float, records: str | None) -> str:
-    doc = {"passed": all(v.passed for v in verdicts), "wall_s": round(wall_s, 2), "records": records,
+def json_summary(cases: list[Case], verdicts: list[Verdict], wall_s: float, records: str | None,
+                 made: dict | None = None) -> str:
+    """The verdicts per case, with the counts the stdout line and the JUnit
+    give, and the stamp (ddcheck_version, commit or null, time)."""
+    doc = {"passed": all(v.passed for v in verdicts), **counts(verdicts), **(made or stamp()),
+           "wall_s": round(wall_s, 2), "records": records,
            "cases": [{"name": c.name, "file": str(c.path),
                       "passed": all(v.passed for v in verdicts if v.case == c.name),
                       "verdicts": [asdict(v) for v in verdicts if v.case == c.name]} for c in cases]}
     return json.dumps(doc, indent=2) + "\n"
+
+
+def counts(verdicts: list[Verdict]) -> dict:
+    """The tallies every rendering states (stdout, JSON, JUnit's attributes)."""
+    n_faults = sum(v.kind == "fault" for v in verdicts)
+    return {"settings": len(verdicts) - n_faults, "expected_faults": n_faults,
+            "failing": sum(not v.passed for v in verdicts), "skipped": sum(v.skipped for v in verdicts)}
+
+
+def gate_line(verdicts: list[Verdict], wall_s: float, jobs: int, records) -> str:
+    """The gate's last stdout line."""
+    n = counts(verdicts)
+    return (f"gate: {'PASS' if not n['failing'] else 'FAIL'}: {n['settings']} settings, {n['expected_faults']} "
+            f"expected faults, {n['failing']} failing"
+            + (f", {n['skipped']} skipped (not run here: not checked, not passed)" if n["skipped"] else "")
+            + f", in {wall_s:.1f} s on {jobs} jobs; records {records}")
+
+
+CI_WIDTH = 80
+
+
+def ci_line(v: Verdict) -> tuple[str, str]:
+    """A failed verdict for a CI log: its name, then its message (each line
+    cut to CI_WIDTH columns by the printer); the whole message and the
+    reproduce command are in the records, the JUnit and `ddcheck report`."""
+    return f"FAIL {v.case} / {v.name}", v.message
+
+
+def fit(line: str, width: int = CI_WIDTH) -> str:
+    return line if len(line) <= width else line[:width - 3] + "..."

@@ -11,7 +11,7 @@ from dataclasses import fields
 from pprint import pformat
 from pathlib import Path
 
-from harness.check.records import write_text_atomic
+from harness.check.outputs import replace_atomically
 from harness.engine.settings import RunSettings
 
 # run settings a case file cannot hold: said in a comment when they are not the defaults
@@ -156,5 +156,5 @@ if __name__ == "__main__":
 
 
 def write_outputs(result, records: Path, out: Path) -> None:
-    write_text_atomic(out / "case.toml", case_toml(result, records))
-    write_text_atomic(out / "repro.py", repro_py(result, records))
+    replace_atomically(out / "case.toml", case_toml(result, records))
+    replace_atomically(out / "repro.py", repro_py(result, records))

@@ -139,16 +139,28 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
             check(prepared, writer)
         except Exception as e:  # noqa: BLE001  (check() keeps its crashes; one that escaped it, attributed)
             write_crash_summary(s, writer, e)
-    if job.expect_fault:  # the summary is the last line: the gate's expectation goes into it
-        last_line = json.loads(writer.lines.pop())
+    if job.expect_fault or job.acceptance is not None:  # the summary is the last line: the gate's expectation
+        last_line = json.loads(writer.lines.pop())     # goes into it, so every rendering reads the same verdict
         assert last_line["kind"] == "summary", "check() writes the summary last"
-        from harness.faults.registry import catalog
-        writer.write({**last_line, "expect_fault": job.expect_fault,
-                      "expect_class": catalog()[job.expect_fault].expected_class})
+        writer.write({**last_line, **gate_expectation(job, last_line)})
     records = [json.loads(ln) for ln in writer.lines]
     summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
     localize = next((r for r in records if r["kind"] == "localize"), None)
     return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
+
+
+def gate_expectation(job: SettingJob, summary: dict) -> dict:
+    """The gate's expectation of a setting, for its summary record: the fault
+    it must catch (expect_fault, expect_class), or the acceptance baseline a
+    passing run must hold (acceptance_floor, acceptance_shortfall: why it did
+    not, null when it did)."""
+    if job.expect_fault:
+        from harness.faults.registry import catalog
+        return {"expect_fault": job.expect_fault, "expect_class": catalog()[job.expect_fault].expected_class}
+    if not summary.get("passed"):
+        return {}
+    return {"acceptance_floor": job.acceptance.floor,
+            "acceptance_shortfall": job.acceptance.shortfall(summary.get("mean_accepted_length"))}
 
 
 class Interrupted(Exception):
@@ -189,15 +201,48 @@ def prepare_environment() -> None:
 
 
 def validate(jobs: list[SettingJob]) -> None:
-    """Fail fast, before any setting runs: every backend builds here and every
-    model is known (raises the usage errors of harness.check.prepare.USAGE_ERRORS)."""
+    """Fail fast, before any setting runs (raises the usage errors of
+    harness.check.prepare.USAGE_ERRORS): every backend builds here, every model is known and
+    every checkpoint readable (config and safetensors headers), every prompt
+    token and --eos-id within the vocabulary, every port imports (in a child
+    process, harness.ports.import_check)."""
     from harness.engine.attn import make_backend
     from harness.workflows.cases import model_vocab
+    from harness.engine.model.presets import PRESETS, check_checkpoint
+    from harness.ports.import_check import check_port_imports
     prepare_environment()
     for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
         make_backend(backend, device, RunSettings(dtype=dtype).torch_dtype)
-    for model in {j.settings.model for j in jobs}:
-        model_vocab(model)
+    vocab = {}
+    for model in dict.fromkeys(j.settings.model for j in jobs):
+        vocab[model] = model_vocab(model) if model in PRESETS else check_checkpoint(Path(model)).vocab_size
+    for j in jobs:
+        check_vocabulary(j, vocab[j.settings.model])
+    check_port_imports(j.settings.impl for j in jobs)
+
+
+def check_vocabulary(job: SettingJob, vocab: int) -> None:
+    """The token ids a setting brings (its prompts, --eos-id) exist in the model."""
+    for spec in job.prompts:
+        if spec.tokens and max(spec.tokens) >= vocab:
+            raise UsageError(f"prompt {spec.name!r}: token id {max(spec.tokens)} is outside the model's vocabulary "
+                             f"(vocab_size {vocab}) (setting: {job.settings.command()})")
+    if job.settings.eos_id is not None and job.settings.eos_id >= vocab:
+        raise UsageError(f"--eos-id {job.settings.eos_id} is outside the model's vocabulary (vocab_size {vocab})")
+
+
+def job_inputs(jobs: list[SettingJob], *case_files: Path | None) -> list[tuple[str, Path]]:
+    """What the settings read, as (flag, path): checkpoints, case and prompt
+    files, port files, and the case files named on the command line."""
+    from harness.engine.model.presets import PRESETS
+    found = [("case file", Path(p)) for p in case_files if p is not None]
+    for j in jobs:
+        s = j.settings
+        for what, p in (("--model", None if s.model in PRESETS else s.model), ("--case", s.case),
+                        ("--prompt-file", s.prompt_file), ("--impl", (s.impl or "").partition(":")[2] or None)):
+            if p is not None:
+                found.append((what, Path(p)))
+    return list(dict.fromkeys(found))
 
 
 def default_jobs() -> int:

@@ -99,9 +99,9 @@ def test_workers_die_with_a_killed_sweep(tmp_path):
 
 
 def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
-    """The previous run's JSONL, JUnit, JSON ("passed": true) and HTML are gone
-    once the gate's work starts: kill -9 while a setting runs leaves none of
-    them behind, and no temporary file."""
+    """The previous run's JSONL, JUnit, JSON ("passed": true) and HTML are
+    replaced by the gate's "incomplete" placeholders once its work starts:
+    kill -9 while a setting runs leaves no earlier verdict and no temporary file."""
     case = tmp_path / "c.toml"
     case.write_text('max_new_tokens = 24\n[[matrix]]\nbudget = [4, 8, 16, 32]\ntopk = [1, 2]\n')
     outs = {"--out": tmp_path / "g.jsonl", "--junit": tmp_path / "g.xml", "--json": tmp_path / "g.json",
@@ -123,8 +123,12 @@ def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
     for w in workers:
         if w.is_running():
             w.kill()
+    # each output is the killed gate's own placeholder (incomplete), never the earlier "passed": true,
+    # and beside them nothing but the outputs' lock files (no longer held: the lock died with the gate)
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "c.toml")
-    assert left == [], left
+    assert [n for n in left if not n.endswith(".lock")] == sorted(p.name for p in outs.values()), left
+    for p in outs.values():
+        assert '"passed": true' not in p.read_text() and "incomplete" in p.read_text(), p.name
 
 
 def test_an_interrupted_sweep_exits_even_when_a_pool_thread_never_ends():

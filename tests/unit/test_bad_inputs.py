@@ -19,6 +19,7 @@ _register()
 TINY_HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1}
 CASE_OK = 'max_new_tokens = 2\n[[matrix]]\nbudget = [4]\n'
+PORTS = Path(__file__).resolve().parents[1] / "fixtures" / "ports" / "broken"
 
 
 def _inputs(tmp: Path) -> dict[str, Path]:
@@ -67,6 +68,12 @@ def _inputs(tmp: Path) -> dict[str, Path]:
     ckpt("arch_int", architectures=5)
     ckpt("rope_str", rope_scaling="llama3")
     text("case_nested.toml", "a = " + "[" * 100000 + "]" * 100000 + "\n")
+    # found before any work since issue 25 (they were found in a worker, after the outputs were touched)
+    text("case_token_beyond_vocab.toml", CASE_OK + '[[prompts]]\nname = "big"\ntokens = [1, 2, 999999]\naccuracy = 0.5\n')
+    ckpt("weights_garbage")   # a good config.json, a safetensors file that is no safetensors
+    text("case_model_garbage.toml", f'model = "{tmp / "weights_garbage"}"\n' + CASE_OK)
+    text("case_faults_only.toml", 'max_new_tokens = 2\n[[matrix]]\nbudget = [16]\nfault = "padded-kv-visible"\n')
+    text("failing_run.jsonl", '{"kind": "summary", "setting": "ddcheck run", "passed": true}\n')
     text("kind_list.jsonl", '{"kind": ["summary"], "setting": "a"}\n')
     return files
 
@@ -83,7 +90,8 @@ def _run_with(make):
 
 
 def _sweep(*flags: str):
-    return lambda f, o: ["sweep", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1", *flags,
+    return lambda f, o: ["sweep", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1",
+                         *(x.format(**{k: v for k, v in f.items() if "." not in k}) for x in flags),
                          "--out", str(o / "s.jsonl"), "--html", str(o / "s.html")]
 
 
@@ -212,6 +220,23 @@ BAD = {
     "report a list": _report("list.jsonl"),
     "report not JSON": _report("not_json.jsonl"),
     "report a directory": _report("a_dir"),
+    # found in the parent before any work (issue 25): token ids, checkpoint headers, the port's import
+    "sweep case token beyond vocab": _sweep_case("case_token_beyond_vocab.toml"),
+    "gate case token beyond vocab": _gate("case_token_beyond_vocab.toml"),
+    "sweep model weights not safetensors": _sweep("--model", "{weights_garbage}"),
+    "gate case model weights not safetensors": _gate("case_model_garbage.toml"),
+    "run impl exits at import": _run("--impl", f"ddtree-utils:{PORTS / 'exits_at_import.py'}"),
+    "sweep impl exits at import": _sweep("--impl", f"ddtree-utils:{PORTS / 'exits_at_import.py'}"),
+    "gate impl exits at import": _gate("case_ok.toml", "--impl", f"ddtree-utils:{PORTS / 'exits_at_import.py'}"),
+    # calibrate and reduce
+    "calibrate case missing": lambda f, o: ["calibrate", "/nonexistent/case.toml", "--out", str(o / "c.toml")],
+    "calibrate no fault-free setting": lambda f, o: ["calibrate", str(f["case_faults_only.toml"]),
+                                                     "--out", str(o / "c.toml")],
+    "calibrate case a directory": lambda f, o: ["calibrate", str(f["a_dir"]), "--out", str(o / "c.toml")],
+    "reduce records missing": lambda f, o: ["reduce", "/nonexistent/r.jsonl", "--out", str(o / "red")],
+    "reduce records not JSON": lambda f, o: ["reduce", str(f["not_json.jsonl"]), "--out", str(o / "red")],
+    "reduce records with no failing run": lambda f, o: ["reduce", str(f["failing_run.jsonl"]), "--out", str(o / "red")],
+    "reduce out a file": lambda f, o: ["reduce", str(f["failing_run.jsonl"]), "--out", str(f["prompts.json"])],
 }
 
 

@@ -24,9 +24,11 @@ def test_failing_sweep_is_one_line_per_failed_setting_and_a_verdict(tmp_path):
     lines = _lines(r.stdout)
     assert not any("│" in ln or "━" in ln for ln in lines), r.stdout   # no table squeezed into 80 columns
     assert lines[0] == "sweep: 1 settings: 1 DIVERGE"
-    failed = [ln for ln in lines if ln.startswith("DIVERGE ")]
-    assert len(failed) == 1 and "sweep/flags b16 k1" in failed[0]
-    assert "step 0, request 0, node" in failed[0] and "; padding-leak: " in failed[0]   # divergence, explanation
+    assert all(len(ln) <= 80 for ln in lines[:-2]), r.stdout   # the failures fit 80 columns
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("DIVERGE "))
+    assert "sweep/flags b16 k1" in lines[i]
+    assert lines[i + 1].startswith("    padding-leak: step 0, request 0, node")   # named, then where
+    assert lines[-2] == f"sweep: each failure in full, with its reproduce command: ddcheck report {out}"
     assert lines[-1] == f"sweep: FAIL: 1 settings, 1 failing; records {out}"
 
 
@@ -39,11 +41,12 @@ def test_failing_gate_prints_its_failures_and_verdict_and_its_table_says_gate(tm
     assert r.exit_code == 1, r.output
     lines = _lines(r.stdout)
     assert lines[0] == "gate: 3 settings: 2 pass, 1 DIVERGE", r.stdout
-    fails = [ln for ln in lines if ln.startswith("FAIL ")]
-    assert len(fails) == 1 and fails[0].startswith("FAIL broken / leak: b16 k1") and "diverged: step 0" in fails[0]
-    assert "which are padding rows" in fails[0]   # the localizer's explanation, on the same line
-    assert "| reproduce: ddcheck run --budget 16" in fails[0] and "--fault padded-kv-visible" in fails[0]
-    assert lines[-1].startswith("gate: FAIL: 3 settings, 0 expected faults, 1 failing") and len(lines) == 3
+    assert all(len(ln) <= 80 for ln in lines[1:-2]), r.stdout   # each failure in two lines of 80 columns
+    assert lines[1].startswith("FAIL broken / leak: b16 k1") and lines[2].startswith("    diverged: step 0")
+    assert lines[3] == f"gate: each failure in full, with its reproduce command: ddcheck report {tmp_path / 'g.jsonl'}"
+    assert lines[-1].startswith("gate: FAIL: 3 settings, 0 expected faults, 1 failing") and len(lines) == 5
+    junit_like = CliRunner().invoke(app, ["report", str(tmp_path / "g.jsonl"), "-o", str(tmp_path / "g.html")])
+    assert junit_like.exit_code == 1 and "--fault padded-kv-visible" in (tmp_path / "g.html").read_text()
     assert "sweep" not in r.stdout
     tty = CliRunner().invoke(app, argv, env={"COLUMNS": "200", "FORCE_COLOR": "1"})   # on a terminal: the table
     assert tty.exit_code == 1 and "gate summary" in tty.stdout and "sweep summary" not in tty.stdout

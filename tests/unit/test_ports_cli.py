@@ -109,3 +109,50 @@ def test_report_names_the_audit_findings(tmp_path):
     write_report([out], html)
     text = html.read_text()
     assert "Port audit findings" in text and "padding-row-empty" in text
+
+
+BROKEN = FIX / "broken"
+
+
+def _cli(*argv: str, cwd: Path):
+    """The console script in a child process: a port that ends the interpreter
+    at import must not take the test with it, however ddcheck is broken."""
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "harness", *argv], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("command", ["run", "gate"])
+@pytest.mark.parametrize("fixture", ["exits_at_import", "os_exit_at_import"])
+def test_a_port_that_exits_while_imported_is_a_port_import_failure_not_a_pass(command, fixture, tmp_path):
+    """sys.exit(0) or os._exit(0) at the port's import: exit 2, one line naming
+    the port import, nothing written (no records, no JUnit that a CI step
+    could read as green)."""
+    impl = f"ddtree-utils:{BROKEN / (fixture + '.py')}"
+    if command == "run":
+        argv = ["run", "--impl", impl, "--backend", "torch", "--max-new-tokens", "2", "--out", str(tmp_path / "r.jsonl")]
+    else:
+        case = tmp_path / "c.toml"
+        case.write_text("max_new_tokens = 2\n[[matrix]]\nbudget = [4]\nbackend = \"torch\"\n")
+        argv = ["gate", str(case), "--impl", impl, "--jobs", "1", "--device", "cpu", "--out", str(tmp_path / "g.jsonl"),
+                "--junit", str(tmp_path / "g.xml")]
+    before = set(tmp_path.iterdir())
+    proc = _cli(*argv, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ddcheck: error: ") and "port import failed" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_a_port_calling_sys_exit_at_import_is_a_port_error_in_process_too():
+    """A worker that loads the port itself (the child's check passed, the
+    file changed since) sees a PortError, not the port's exit."""
+    from harness.ports.loading import load_port_module
+    from harness.ports.protocol import PortError
+    with pytest.raises(PortError, match=r"called sys.exit\(0\) while being imported"):
+        load_port_module(BROKEN / "exits_at_import.py")

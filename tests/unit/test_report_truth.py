@@ -105,3 +105,53 @@ def test_a_printed_reproduce_command_reproduces_a_case_run(tmp_path):
     assert nodes(recs) == nodes(json.loads(x) for x in again.read_text().splitlines())
     streams = [r for r in recs if r["kind"] == "stream"]
     assert streams[0]["prompt"] == "mine"
+
+
+def test_every_rendering_counts_the_same_passes_skips_and_failures(tmp_path):
+    """stdout's gate line, the JSON, the JUnit and the HTML render one set of
+    records: a skipped setting is a skip in each (never a green PASS in the
+    HTML), a setting below its acceptance baseline a failure in each, and
+    each carries the version, commit and time stamp."""
+    from harness.workflows.cases import load_case
+    from harness.workflows.gate import gate_line, json_summary, judge, junit_xml, plan
+    from harness.report.html import write_report
+    from harness.workflows.sweep import SettingResult, gate_expectation, write_jsonl
+    from report_fixtures import summary
+    case = tmp_path / "c.toml"
+    case.write_text('max_new_tokens = 2\n[[matrix]]\nlabel = "m"\nbudget = [4, 8, 16, 32]\n'
+                    'acceptance = { mean_accepted_length = 3.0, band = 0.5 }\n')
+    cases = [load_case(case)]
+    jobs = plan(cases)
+    kinds = [dict(passed=True, mean_accepted_length=3.1), dict(passed=True, skipped="this machine cannot run it"),
+             dict(passed=False), dict(passed=True, mean_accepted_length=1.2)]   # pass, skip, diverge, below baseline
+    results = []
+    for j, kind in zip(jobs, kinds):
+        skip = kind.pop("skipped", None)
+        rec = {**summary(j.settings.command(), kind.pop("passed"), fault=None), **kind, "run": f"r{j.index}"}
+        if skip:
+            rec["skipped"] = skip
+        else:
+            rec.update(gate_expectation(j, rec))
+        results.append(SettingResult(j.index, j.settings.command(), rec, None, (json.dumps(rec),), 0.1))
+    out = tmp_path / "g.jsonl"
+    write_jsonl(results, out)
+    verdicts = judge(jobs, results)
+    line = gate_line(verdicts, 1.0, 1, out)
+    doc = json.loads(json_summary(cases, verdicts, 1.0, str(out)))
+    junit = ET.fromstring(junit_xml(verdicts, 1.0))
+    html = tmp_path / "g.html"
+    views = write_report([out], html)
+    page = html.read_text()
+    assert "4 settings, 0 expected faults, 2 failing, 1 skipped" in line, [(v.passed, v.message) for v in verdicts]
+    assert (doc["settings"], doc["failing"], doc["skipped"], doc["passed"]) == (4, 2, 1, False)
+    assert (junit.get("tests"), junit.get("failures"), junit.get("skipped")) == ("4", "2", "1")
+    assert [v.status for v in views] == ["pass", "skip", "diverge", "below-baseline"]
+    assert "4 settings: 1 pass, 1 skipped (not run here: not checked, not passed), 1 diverge, " \
+           "1 below the acceptance baseline, 0 incomplete" in page
+    assert page.count('<span class="badge st-skip">SKIP</span>') == 1
+    assert page.count('<span class="badge st-pass">PASS</span>') == 1
+    assert doc["ddcheck_version"] and doc["time"] and "commit" in doc
+    props = {p.get("name"): p.get("value") for p in junit.iter("property")}
+    assert junit.get("timestamp") and props["ddcheck_version"] == doc["ddcheck_version"] and props["commit"]
+    unstamped = ET.fromstring(junit_xml(verdicts, 1.0, {"ddcheck_version": "9", "commit": None, "time": "t"}))
+    assert {p.get("name"): p.get("value") for p in unstamped.iter("property")}["commit"] == "unknown"

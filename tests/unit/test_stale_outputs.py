@@ -1,7 +1,8 @@
 """Stale outputs: once run, sweep or gate accept their inputs, an earlier
-output of the same name (JSONL, JUnit, JSON, HTML) is gone before the work
-starts, so a run killed during the work leaves no previous "passed": true.
-A usage error leaves them in place (nothing touched)."""
+output of the same name (JSONL, JUnit, JSON, HTML) is replaced, atomically,
+by a placeholder that says the run is incomplete (never unlinked first), so a
+run killed during the work leaves no previous "passed": true and no missing
+file. A usage error leaves them in place (nothing touched)."""
 from __future__ import annotations
 
 import json
@@ -29,12 +30,27 @@ def _stale(tmp, names):
 
 
 def _kill_the_work(monkeypatch, paths, seen):
-    """The work (a run's check, a sweep's or gate's settings) notes which old outputs still exist, then dies."""
+    """The work (a run's check, a sweep's or gate's settings) notes what each old output holds, then dies."""
     def killed(*_a, **_k):
-        seen.update({n: p.exists() for n, p in paths.items()})
+        seen.update({n: p.read_text() if p.exists() else None for n, p in paths.items()})
         raise Killed
     monkeypatch.setattr(run_cmd, "check", killed)
     monkeypatch.setattr(sweep_cmd, "run_jobs", killed)
+
+
+def _says_incomplete(name: str, text: str | None) -> bool:
+    """What an output holds while its run is under way: incomplete, never a pass."""
+    if text is None:
+        return False
+    if name == "out":
+        first = json.loads(text.splitlines()[0])
+        return first["kind"] == "started" and "passed" not in text
+    if name == "json":
+        doc = json.loads(text)
+        return doc["passed"] is False and doc["incomplete"] is True
+    if name == "junit":
+        return 'failures="1"' in text and "incomplete" in text
+    return "incomplete" in text and "PASS" not in text
 
 
 COMMANDS = {
@@ -49,7 +65,7 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_run_killed_during_the_work_leaves_no_earlier_output(command, tmp_path, monkeypatch):
+def test_a_run_killed_during_the_work_leaves_incomplete_outputs_not_an_earlier_pass(command, tmp_path, monkeypatch):
     names, argv = COMMANDS[command]
     case = tmp_path / "c.toml"
     case.write_text("max_new_tokens = 2\n[[matrix]]\nbudget = [4]\n")
@@ -58,9 +74,12 @@ def test_a_run_killed_during_the_work_leaves_no_earlier_output(command, tmp_path
     _kill_the_work(monkeypatch, paths, seen)
     with pytest.raises(Killed):
         CliRunner().invoke(cli.app, argv(paths, case), catch_exceptions=False)
-    assert seen == {n: False for n in names}, seen   # gone before the work started
-    left = [p for p in tmp_path.iterdir() if p.name.startswith("old-") or p.name.endswith(".tmp")]
-    assert left == [], left
+    assert all(_says_incomplete(n, seen[n]) for n in names), seen   # replaced before the work started
+    assert all(_says_incomplete(n, paths[n].read_text()) for n in names)   # and so left by the kill
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert left == [], left   # no temporary file, no lock file
+    r = CliRunner().invoke(cli.app, ["report", str(paths["out"]), "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 1 and "1 incomplete" in r.output, r.output   # the report calls it incomplete
 
 
 def test_a_usage_error_leaves_earlier_outputs_alone(tmp_path):

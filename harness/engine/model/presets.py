@@ -117,8 +117,7 @@ def read_config(path: Path) -> ModelConfig:
         raise ModelLoadError(f"--model {path}: bad config.json ({type(e).__name__})") from None
 
 
-def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """config.json + *.safetensors from a local directory."""
+def _checkpoint_files(path: Path) -> list[Path]:
     if not path.is_dir():
         raise ModelLoadError(f"--model {path}: not a directory")
     cfg_file = path / "config.json"
@@ -127,6 +126,40 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"--model {path}: no *.safetensors files")
+    return files
+
+
+def _check_layout(path: Path, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every weight the config implies is there, with the shape it implies."""
+    missing = [n for n in weight_names(cfg) if n not in shapes]
+    if missing:
+        raise ModelLoadError(f"--model {path}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+    wrong = [n for n in weight_names(cfg) if shapes[n] != weight_shape(cfg, n)]
+    if wrong:
+        n = wrong[0]
+        raise ModelLoadError(f"--model {path}: {n} has shape {list(shapes[n])}, config.json implies "
+                             f"{list(weight_shape(cfg, n))} (and {len(wrong) - 1} more mismatches)")
+
+
+def check_checkpoint(path: Path) -> ModelConfig:
+    """What load_checkpoint refuses, found from config.json and the safetensors
+    headers alone (no tensor is read): before any work of a sweep or gate."""
+    from safetensors import SafetensorError, safe_open
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in _checkpoint_files(path):
+        try:
+            with safe_open(str(f), "pt") as st:
+                shapes.update({k: tuple(st.get_slice(k).get_shape()) for k in st.keys()})
+        except (SafetensorError, OSError) as e:
+            raise ModelLoadError(f"--model {path}: cannot read {f.name} ({e})") from None
+    cfg = with_sinks_of(read_config(path), list(shapes))
+    _check_layout(path, cfg, shapes)
+    return cfg
+
+
+def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """config.json + *.safetensors from a local directory."""
+    files = _checkpoint_files(path)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     weights: dict[str, torch.Tensor] = {}
@@ -136,14 +169,7 @@ def load_checkpoint(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         except (SafetensorError, OSError) as e:
             raise ModelLoadError(f"--model {path}: cannot read {f.name} ({e})") from None
     cfg = with_sinks_of(read_config(path), list(weights))
-    missing = [n for n in weight_names(cfg) if n not in weights]
-    if missing:
-        raise ModelLoadError(f"--model {path}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
-    wrong = [n for n in weight_names(cfg) if tuple(weights[n].shape) != weight_shape(cfg, n)]
-    if wrong:
-        n = wrong[0]
-        raise ModelLoadError(f"--model {path}: {n} has shape {list(weights[n].shape)}, config.json implies "
-                             f"{list(weight_shape(cfg, n))} (and {len(wrong) - 1} more mismatches)")
+    _check_layout(path, cfg, {n: tuple(w.shape) for n, w in weights.items()})
     # the file's dtype (an 8B bf16 checkpoint stays 16 GB on the host); float64 files as float32
     return cfg, {n: weights[n].float() if weights[n].dtype == torch.float64 else weights[n]
                  for n in weight_names(cfg)}
