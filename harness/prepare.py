@@ -11,7 +11,7 @@ import torch
 
 from ddschema import ModelConfig
 from harness.attn import make_backend
-from harness.compare.noise_floor import NoiseFloorRule, verdict_rule
+from harness.compare.noise_floor import NoiseFloorRule, planned_nodes, verdict_rule
 from harness.compare.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.load_agreement import LoadMismatch, compare_loaded
@@ -76,7 +76,7 @@ class Prepared:
     def rule(self) -> NoiseFloorRule | None:
         """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
         s = self.settings
-        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule, planned_nodes(s))
 
     @property
     def tolerance(self) -> float:
