@@ -33,7 +33,6 @@ rounding at all).
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import NamedTuple
 
@@ -163,7 +162,8 @@ class DenseLlama:
     def rounded(self, dtype: torch.dtype) -> "DenseLlama":
         """This model (its float64 weights shared, not copied) storing every
         tensor in `dtype`: see the module's docstring."""
-        other = copy.copy(self)
+        other = object.__new__(DenseLlama)
+        other.__dict__.update(self.__dict__)   # the same config, device and float64 weights
         other.store = rounding_to(dtype)
         other.stored_w = {}   # each weight rounded once, held in `dtype` (a quarter of the float64 bytes)
         return other
