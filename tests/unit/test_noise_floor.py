@@ -134,3 +134,17 @@ def test_float32_on_cuda_is_ieee_unless_tf32_is_asked_for(monkeypatch):
     assert float32_dots(tf32=True) == "tf32" and matmul_precision("float32", native) == "tf32"
     with pytest.raises(UsageError, match="--tf32"):
         RunSettings(dtype="bfloat16", tf32=True)
+
+
+def test_a_softmax_scale_three_percent_off_in_the_kernel_fails_a_bf16_run(monkeypatch):
+    """benchmarks/mutations/33-sglang-sm-scale.patch's kind of bug, 3% off,
+    inside the kernel the twin reuses: the twin agrees with the engine, the
+    oracle's own rounded computation does not."""
+    from harness.attn.torch_backend import TorchBackend
+    kernel = TorchBackend.forward
+
+    def scaled(self, q, *args, **kwargs):
+        return kernel(self, q * 1.03, *args, **kwargs)   # sm_scale 1.03 / sqrt(d)
+    monkeypatch.setattr(TorchBackend, "forward", scaled)
+    bad, _ = run(dtype="bfloat16", prompt_lens=(200,), max_new_tokens=6)
+    assert not bad.passed and bad.first.what == "drift" and bad.max_noise_ratio < bad.noise_rule["multiplier"]
