@@ -49,6 +49,13 @@ class Oracle(Protocol):
         prefix + (root .. node i path).
         """
 
+    def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                            dtype: str) -> torch.Tensor:
+        """tree_logits [n, vocab] (float64 values) of the same model computed
+        with every stored tensor (weights and activations) rounded to `dtype`
+        ("bfloat16" or "float16") by the oracle's own code: an independent
+        low-precision computation, the noise yardstick of bf16/fp16 verdicts."""
+
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Plain autoregressive greedy continuation and, per emitted token,
         the gap between its logit and the runner-up's (for near-tie verdicts)."""

@@ -19,6 +19,17 @@ Conventions (all Hugging Face's):
     included)
   * Gemma 2's attn_logit_softcapping c: scores c * tanh(s / c), before the mask
   * gpt-oss's sinks: a per-head logit in the softmax's denominator, no value
+
+`DenseLlama.rounded(dtype)` is the same model storing every tensor in a low
+precision: each weight, and each activation a low-precision engine writes
+to memory (embedding rows, norm outputs, every projection's output, q and k
+after RoPE, the attention output, the residual stream after each add, the
+MLP's inner product, the logits) is rounded to `dtype` (round to nearest
+even); everything between two stores (sums, softmax, RoPE's cos/sin) stays
+float64. It is a second, independent low-precision computation of the
+model: the harness measures a bf16/fp16 engine's noise against it
+(harness/verdict/noise_floor.py). The float64 model stores exactly (no
+rounding at all).
 """
 from __future__ import annotations
 
@@ -47,6 +58,19 @@ class ForwardResult(NamedTuple):
     hiddens: list[Tensor]
     ks: list[Tensor]
     vs: list[Tensor]
+
+
+def exact(x: Tensor) -> Tensor:
+    """The float64 model's store: nothing is rounded."""
+    return x
+
+
+def rounding_to(dtype: torch.dtype):
+    """A store that rounds float64 values to `dtype` (and back to float64)."""
+    def store(x: Tensor) -> Tensor:
+        return x.to(dtype).to(DTYPE)
+    store.dtype = dtype
+    return store
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -126,6 +150,7 @@ class DenseLlama:
                  owned: bool = False) -> None:
         self.config = config
         self.device = torch.device(device)
+        self.store = exact   # what writing a tensor to memory does: nothing, in float64
         missing = [n for n in weight_names(config) if n not in weights]
         if missing:
             raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
@@ -134,10 +159,30 @@ class DenseLlama:
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
+    def rounded(self, dtype: torch.dtype) -> "DenseLlama":
+        """This model (its float64 weights shared, not copied) storing every
+        tensor in `dtype`: see the module's docstring."""
+        other = object.__new__(DenseLlama)
+        other.__dict__.update(self.__dict__)   # the same config, device and float64 weights
+        other.store = rounding_to(dtype)
+        other.stored_w = {}   # each weight rounded once, held in `dtype` (a quarter of the float64 bytes)
+        return other
+
+    def _weight(self, name: str) -> Tensor:
+        """The weight as this model stores it: float64 itself, or rounded (and read back as float64)."""
+        if self.store is exact:
+            return self.w[name]
+        if name not in self.stored_w:
+            self.stored_w[name] = self.store(self.w[name]).to(self.store.dtype)
+        return self.stored_w[name].to(DTYPE)
+
+    def _norm(self, x: Tensor, name: str) -> Tensor:
+        return self.store(rms_norm(x, self._weight(name), self.config.rms_norm_eps))
+
     def _linear(self, x: Tensor, name: str, bias: bool = False) -> Tensor:
-        """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out]."""
-        y = x @ self.w[name + ".weight"].T
-        return y + self.w[name + ".bias"] if bias else y
+        """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out], stored."""
+        y = x @ self._weight(name + ".weight").T
+        return self.store(y + self._weight(name + ".bias") if bias else y)
 
     def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor,
                          past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -153,20 +198,20 @@ class DenseLlama:
         k = self._linear(x, p + "k_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
         v = self._linear(x, p + "v_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
         if c.qk_norm:
-            q = rms_norm(q, self.w[p + "q_norm.weight"], c.rms_norm_eps)
-            k = rms_norm(k, self.w[p + "k_norm.weight"], c.rms_norm_eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
+        q, k = self.store(apply_rope(q, cos, sin)), self.store(apply_rope(k, cos, sin))
         k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
         v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
         sinks = self.w[p + "sinks"] if c.attn_sinks else None  # [H]
-        out = attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap).reshape(t, c.num_heads * c.head_dim)
+        out = self.store(attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap))
+        out = out.reshape(t, c.num_heads * c.head_dim)
         return self._linear(out, p + "o_proj", c.o_bias), k, v
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:
         """SwiGLU: down(silu(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]."""
         p = f"model.layers.{layer}.mlp."
         gate = torch.nn.functional.silu(self._linear(x, p + "gate_proj"))  # [T, I]
-        return self._linear(gate * self._linear(x, p + "up_proj"), p + "down_proj")
+        return self._linear(self.store(gate * self._linear(x, p + "up_proj")), p + "down_proj")
 
     def forward(self, token_ids: list[int], positions: list[int] | None = None,
                 visible: Tensor | None = None, last_logits_only: bool = False,
@@ -210,23 +255,22 @@ class DenseLlama:
         cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)  # [T, d] each
         cos, sin = cos.to(self.device), sin.to(self.device)
 
-        h = self.w["model.embed_tokens.weight"][ids.to(self.device)]  # [T, hidden]
+        h = self.store(self.w["model.embed_tokens.weight"][ids.to(self.device)])  # [T, hidden]
         hiddens, ks, vs = [h], [], []
         for layer in range(c.num_layers):
             pre = f"model.layers.{layer}."
             attn_out, k, v = self._attention_block(
-                layer, rms_norm(h, self.w[pre + "input_layernorm.weight"], c.rms_norm_eps),
+                layer, self._norm(h, pre + "input_layernorm.weight"),
                 cos, sin, mask if c.window_of(layer) is None else windowed, None if past is None else (past[0][layer], past[1][layer]))
-            h = h + attn_out
-            h = h + self._mlp(layer, rms_norm(h, self.w[pre + "post_attention_layernorm.weight"],
-                                              c.rms_norm_eps))
+            h = self.store(h + attn_out)
+            h = self.store(h + self._mlp(layer, self._norm(h, pre + "post_attention_layernorm.weight")))
             hiddens.append(h)
             ks.append(k)
             vs.append(v)
         if last_logits_only:
             h = h[-1:]  # [1, hidden]
-        normed = rms_norm(h, self.w["model.norm.weight"], c.rms_norm_eps)  # [T or 1, hidden]
-        logits = normed @ self.w["lm_head.weight"].T  # [T or 1, V]
+        normed = self._norm(h, "model.norm.weight")  # [T or 1, hidden]
+        logits = self.store(normed @ self._weight("lm_head.weight").T)  # [T or 1, V]
         return ForwardResult(logits, hiddens, ks, vs)
 
     __call__ = forward

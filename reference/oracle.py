@@ -71,6 +71,7 @@ class DenseOracle:
         self.config = config
         self.model = DenseLlama(config, weights, device, owned=owned)
         self.prefixes = PrefixCache()
+        self.low_precision: dict[str, tuple[DenseLlama, PrefixCache]] = {}   # by dtype name, made when asked
 
     @classmethod
     def from_checkpoint(cls, directory, device: str = "cpu", **options) -> "DenseOracle":
@@ -100,18 +101,20 @@ class DenseOracle:
         leaf over the prefix's cached K/V: node i's row is the position of
         node i in the path of the first leaf below it (causality: that
         position sees exactly prefix + root_path(i))."""
-        validate_tree(tokens, parents)
-        if len(prefix) == 0:
-            raise ValueError("tree_logits needs a non-empty prefix")
-        cached = self.prefixes.get(self.model, prefix)
-        rows: list[Tensor | None] = [None] * len(tokens)
-        for leaf in leaves(parents):
-            chain = ancestry(parents, leaf)  # root .. leaf
-            logits = self.model.forward([int(tokens[i]) for i in chain], past=cached.past).logits  # [len, V]
-            for position, node in enumerate(chain):
-                if rows[node] is None:
-                    rows[node] = logits[position]
-        return torch.stack(rows).cpu()  # [n, V]
+        return _tree_logits(self.model, self.prefixes, prefix, tokens, parents)
+
+    def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                            dtype: str) -> Tensor:
+        """tree_logits (float64 [n, V]) of the same model storing every tensor
+        in `dtype` ("bfloat16" or "float16"; reference/model.py says where it
+        rounds): a low-precision computation of each node by the oracle's
+        own code, with its own prefix cache."""
+        if dtype not in ROUNDED_DTYPES:
+            raise ValueError(f"rounded_tree_logits takes {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
+        if dtype not in self.low_precision:
+            self.low_precision[dtype] = (self.model.rounded(ROUNDED_DTYPES[dtype]), PrefixCache())
+        model, prefixes = self.low_precision[dtype]
+        return _tree_logits(model, prefixes, prefix, tokens, parents)
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Argmax continuation, one causal position at a time over the
@@ -146,6 +149,26 @@ class DenseOracle:
         """Per layer K (after RoPE) and V [len(tokens), kv_heads, head_dim]."""
         result = self.model.forward(list(tokens))
         return [k.cpu() for k in result.ks], [v.cpu() for v in result.vs]
+
+
+ROUNDED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _tree_logits(model: DenseLlama, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
+                 parents: Sequence[int]) -> Tensor:
+    """DenseOracle.tree_logits over `model` and its prefix cache: [n, V] float64 on CPU."""
+    validate_tree(tokens, parents)
+    if len(prefix) == 0:
+        raise ValueError("tree_logits needs a non-empty prefix")
+    cached = prefixes.get(model, prefix)
+    rows: list[Tensor | None] = [None] * len(tokens)
+    for leaf in leaves(parents):
+        chain = ancestry(parents, leaf)  # root .. leaf
+        logits = model.forward([int(tokens[i]) for i in chain], past=cached.past).logits  # [len, V]
+        for position, node in enumerate(chain):
+            if rows[node] is None:
+                rows[node] = logits[position]
+    return torch.stack(rows).cpu()  # [n, V]
 
 
 def top_gap(logits: Tensor) -> float:

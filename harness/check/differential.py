@@ -5,7 +5,7 @@ greedy continuation.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -13,6 +13,7 @@ import torch
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
 from harness.check.compare.metrics import compare_rows
+from harness.verdict.noise_floor import planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.check.crash import Crash, attribute
 from harness.check.load_agreement import explain as explain_load
@@ -38,6 +39,7 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
                            load_s=dict(p.load_s))
     if p.rule is not None:
         summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
+        summary.planned_nodes = planned_nodes(s) if s.noise_rule is None else None
     if p.load_mismatches:  # not the checkpoint's model: comparing its logits would say nothing more
         return _load_divergence(p, summary, writer)
     progress = _Progress()
@@ -57,6 +59,7 @@ class _Progress:
     in_step: bool = False         # that step is being checked
     streams_checked: bool = False
     ignored_prefix_keys: int = 0
+    drift_pairs: list = field(default_factory=list)   # (rel_err, rounded_err) of every judged node: the run's drift
 
 
 def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
@@ -73,7 +76,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         divergent_before = summary.divergent_nodes
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
-                ref = _check_request_step(rs, p, summary, writer)
+                ref = _check_request_step(rs, p, summary, writer, progress.drift_pairs)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
                 _check_against_reference(p, rs, ref, summary, writer)
                 tally.add(rs.tree, rs.acceptance)
@@ -93,6 +96,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             break
         progress.in_step = False   # the engine's next round (or its end) is under way
     summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    _check_drift(p, summary, progress.drift_pairs)
     tiles = getattr(p.engine.backend, "key_tiles", None)
     summary.key_tiles = tiles(summary.prefix_len_max, p.engine.cfg.head_dim) if tiles and summary.steps else None
     if not summary.stopped_early:   # an unfinished engine has no finish findings
@@ -170,17 +174,24 @@ def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> C
     return summary
 
 
-def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter) -> torch.Tensor:
+def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,
+                        drift_pairs: list) -> torch.Tensor:
     """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
     rule = p.rule
-    twin = p.twin.tree_logits(rs.prefix, tree) if rule is not None else None  # [num_rows, vocab] float32
     accepted = set(rs.acceptance.rows)
     real = tree.num_rows
     metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
-    twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])] if rule is not None else None
+    twin_errs = rounded_errs = twin_dists = None
+    if rule is not None:   # the node's two correct low-precision computations, each against the oracle
+        twin = p.twin.tree_logits(rs.prefix, tree)                             # [num_rows, vocab] float32
+        rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype)
+        twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])]
+        rounded_errs = [m.rel_err for m in compare_rows(rounded[:real], ref[:real])]
+        scale = ref[:real].abs().amax(-1).clamp_min(1e-30)                     # [real] max |ref|
+        twin_dists = ((rs.logits[:real].double() - twin[:real].double()).abs().amax(-1) / scale).tolist()
     for row in range(tree.q_len):
         padding = row >= tree.num_rows
         if padding:
@@ -194,13 +205,15 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
                                     None, finite, "padding" if finite else "diverge", summary.setting))
             continue
         m = metrics[row]
-        twin_err = ratio = None
+        twin_err = rounded_err = ratio = twin_dist = None
         tol = p.tolerance
         if rule is not None:
-            twin_err = twin_errs[row]
-            tol, ratio = rule.bound(twin_err), rule.ratio(m.rel_err, twin_err)
+            twin_err, rounded_err, twin_dist = twin_errs[row], rounded_errs[row], twin_dists[row]
+            tol, ratio = rule.bound(twin_err, rounded_err), rule.ratio(m.rel_err, twin_err, rounded_err)
             summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
             summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
+            summary.max_rounded_err = max(summary.max_rounded_err or 0.0, rounded_err)
+            drift_pairs.append((m.rel_err, rounded_err))
         summary.max_node_bound = max(summary.max_node_bound, tol)
         verdict = m.verdict(tol)
         summary.nodes_checked += 1
@@ -213,8 +226,29 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
                 summary.first = FirstDivergence(rs.step, rs.rid, row, tree.depths[row], tree.num_padding > 0, m.rel_err)
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
-                                verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio))
+                                verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio,
+                                rounded_err=rounded_err, twin_dist=twin_dist))
     return ref
+
+
+def _check_drift(p: Prepared, summary: CheckSummary, pairs: list[tuple[float, float]]) -> None:
+    """The noise-floor rule's run-level test: the engine's errors against the
+    oracle's own low-precision computation of the same nodes, node after
+    node (harness/verdict/noise_floor.py). A model whose arithmetic is off
+    (RoPE, a softmax scale) moves every node; its twin moves with it."""
+    rule = p.rule
+    if rule is None or not pairs:
+        return
+    summary.noise_drift = rule.drift(pairs)
+    if summary.noise_drift > rule.drift_limit:
+        summary.drift_exceeded = True
+        summary.notes.append(f"noise drift {summary.noise_drift:.2f} over {len(pairs)} nodes")
+        if summary.first is None:
+            summary.first = FirstDivergence(-1, -1, -1, None, False, None, "drift", (
+                f"the engine's errors sit {summary.noise_drift:.2f}x (median over {len(pairs)} nodes) above those of "
+                f"the oracle's own {p.settings.dtype} computation of the same nodes, over the limit "
+                f"{rule.drift_limit:g}: the model's arithmetic (RoPE, norms, the softmax scale, the loader) differs "
+                f"from the reference's, on every node, not the tree's"))
 
 
 def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, summary: CheckSummary,
@@ -393,6 +427,10 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.check.localize import localize
     first = summary.first
+    if first.what == "drift":  # every node, not one row: nothing for the tree localizer to bisect
+        summary.fault_class, summary.explanation = "model-arithmetic", first.detail
+        summary.stage, summary.quantity = "model forward", "logits"
+        return
     if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
         summary.fault_class, summary.explanation = first.what, first.detail
         if first.what == "tree":

@@ -13,7 +13,7 @@ import torch
 
 from ddschema import ModelConfig
 from harness.engine.attn import BackendUnavailable, make_backend
-from harness.verdict.noise_floor import NoiseFloorRule, verdict_rule
+from harness.verdict.noise_floor import NoiseFloorRule, planned_nodes, verdict_rule
 from harness.verdict.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
 from harness.check.load_agreement import LoadMismatch, compare_loaded
@@ -82,7 +82,7 @@ class Prepared:
     def rule(self) -> NoiseFloorRule | None:
         """The noise-floor rule the nodes are judged by; None: the fixed tolerance."""
         s = self.settings
-        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule)
+        return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule, planned_nodes(s))
 
     @property
     def tolerance(self) -> float:

@@ -34,7 +34,9 @@ class NodeRecord:
     setting: str = ""
     kind: str = "node"
     twin_err: float | None = None     # the node's correct low-precision twin against the oracle (noise-floor verdict)
-    noise_ratio: float | None = None  # rel_err / max(twin_err, floor)
+    noise_ratio: float | None = None  # rel_err / max(twin_err, rounded_err, floor)
+    rounded_err: float | None = None  # the oracle's own low-precision computation of the node against the oracle
+    twin_dist: float | None = None    # max |logits - twin logits| / max |oracle|: the engine against its twin directly
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ class FirstDivergence:
     #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
     #                     | provenance (a KV slot read or written against the canary's record of it)
     #                     | crash (the engine under test raised before anything diverged; detail names where)
+    #                     | drift (the noise floor's run-level test: every node's error above the oracle's
+    #                       own low-precision computation's; detail says by how much)
     detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
@@ -44,10 +46,14 @@ class CheckSummary:
     mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
     acceptance_by_depth: list[float] = field(default_factory=list)  # [depth - 1] P(walk reaches depth | offered)
     max_rel_err: float = 0.0
-    verdict_rule: str = "fixed"      # fixed (the dtype's table) | noise-floor (each node against its twin)
-    noise_rule: dict | None = None   # multiplier, floor, ceiling of the noise-floor rule
-    max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, floor) over judged nodes
+    verdict_rule: str = "fixed"      # fixed (the dtype's table) | noise-floor (each node against its yardsticks)
+    noise_rule: dict | None = None   # multiplier, floor, ceiling, drift_limit of the noise-floor rule
+    planned_nodes: int | None = None       # the node count the noise-floor multiplier was set for
+    max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, rounded_err, floor) over judged nodes
     max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model
+    max_rounded_err: float | None = None   # largest error of the oracle's own low-precision computation
+    noise_drift: float | None = None       # exp(median log(rel_err / max(rounded_err, floor))) over judged nodes
+    drift_exceeded: bool = False           # noise_drift above the rule's drift_limit: a divergence of the run
     max_node_bound: float = 0.0            # largest tolerance a node was judged at
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -100,7 +106,7 @@ class CheckSummary:
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
-                and self.provenance_findings == 0)
+                and self.provenance_findings == 0 and not self.drift_exceeded)
 
 
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:

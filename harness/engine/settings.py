@@ -71,7 +71,7 @@ class RunSettings:
     prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
     verdict: str = "auto"           # fixed | noise-floor | auto (harness/verdict/noise_floor.py)
     tf32: bool = False              # float32 on CUDA: let Triton's dots use TF32 (judged at the tf32 tolerance)
-    noise_rule: tuple[float, float, float] | None = None  # (multiplier, floor, ceiling): a calibrated noise floor
+    noise_rule: tuple[float, ...] | None = None  # (multiplier, floor, ceiling[, drift limit]): a calibrated noise floor
     page_size: int = 1              # KV page size: 1 (a token-slot pool) or a paged pool (harness/engine/mem/paged.py)
     sliding_window: int | None = None  # a sliding window on the model (its own sliding layers, else every layer)
     drafter: str = "auto"           # noisy | self | auto (harness/engine/ddtree/drafter.py)
@@ -102,7 +102,7 @@ class RunSettings:
                   (self.noise_rule is None or (self.dtype in NOISE_FLOOR and self.verdict != "fixed"
                                                and _valid_rule(self.noise_rule)),
                    f"--noise-rule needs a bfloat16 or float16 run not judged --verdict fixed, and multiplier >= 1, "
-                   f"0 < floor < ceiling < 1; got {self.noise_rule} for {self.dtype}"),
+                   f"0 < floor < ceiling < 1 (drift limit >= 1); got {self.noise_rule} for {self.dtype}"),
                   (self.verdict in VERDICTS, f"--verdict must be one of {', '.join(VERDICTS)}, got {self.verdict!r}"),
                   (self.verdict != "noise-floor" or self.dtype in NOISE_FLOOR,
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
@@ -192,7 +192,7 @@ def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
 
 def _valid_rule(rule) -> bool:
     try:
-        NoiseFloorRule(*rule)
+        NoiseFloorRule(*rule) if len(rule) == 4 else NoiseFloorRule(*rule, drift_limit=1.0)
     except (TypeError, ValueError):
         return False
     return True

@@ -3,8 +3,16 @@ case's settings and write the tolerances it supports into the case file.
 
 bf16 / fp16 settings are judged by the noise floor; calibration keeps the
 floor and sets
-    multiplier = max(1.5, 1.25 x the largest fault-free e_engine / e_twin)
-    ceiling    = min(0.9, max(3 x the largest fault-free error, 2 x floor))
+    multiplier  = max(1.5, 1.25 x the largest fault-free e / max(e_twin, e_rounded, floor))
+    ceiling     = min(0.9, max(3 x the largest fault-free error, 2 x floor))
+    drift_limit = max(the dtype's default, 1.25 x the largest fault-free run drift)
+A calibrated multiplier is fixed: it does not grow with a run's node count
+as the default does (harness/verdict/noise_floor.py). Calibration does not
+yet run the one-key leaks on the model: a multiplier it writes above a leak's
+ratio would let that leak pass (on SmolLM2 the one-padding-column leak at a
+short prompt sits at 0.8 to 2.4 on the H200, under any multiplier a correct
+run needs), so read the calibration's report against
+benchmarks/results/verdict-study-h200-leaks.json.
 float32 settings get a fixed tolerance of 10 x the largest fault-free error
 (at least 1e-7). The margins mirror the defaults' own (harness/check/compare/
 noise_floor.py, tolerance.py): the correct runs sit well inside, and the
@@ -32,23 +40,27 @@ class Calibration:
     p99_rel_err: float
     max_noise_ratio: float | None
     failed: int                                    # settings that diverged even so (never written)
-    value: float | tuple[float, float, float]      # what goes into [tolerances]
+    value: float | tuple[float, float, float, float]   # what goes into [tolerances]
 
     def toml(self) -> str:
         if isinstance(self.value, tuple):
-            m, f, c = self.value
-            return f"{self.dtype} = {{ multiplier = {m:.3g}, floor = {f:.3g}, ceiling = {c:.3g} }}"
+            m, f, c, d = self.value
+            return (f"{self.dtype} = {{ multiplier = {m:.3g}, floor = {f:.3g}, ceiling = {c:.3g}, "
+                    f"drift_limit = {d:.3g} }}")
         return f"{self.dtype} = {self.value:.3g}"
 
 
-def parse_noise_rule(text: str | None) -> tuple[float, float, float] | None:
+def parse_noise_rule(text: str | None) -> tuple[float, ...] | None:
     if text is None:
         return None
     try:
-        m, f, c = (float(x) for x in text.split(","))
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
-        raise UsageError(f"--noise-rule takes MULTIPLIER,FLOOR,CEILING (e.g. 1.75,0.0039,0.25), got {text!r}") from None
-    return m, f, c
+        values = ()
+    if len(values) not in (3, 4):
+        raise UsageError(f"--noise-rule takes MULTIPLIER,FLOOR,CEILING[,DRIFT_LIMIT] (e.g. 2.2,0.0039,0.25,1.5), "
+                         f"got {text!r}")
+    return values
 
 
 def calibration_settings(case) -> list[RunSettings]:
@@ -68,6 +80,7 @@ def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
     loads = LoadCache()   # a case's settings of one model read its checkpoint once
     errs: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
+    drifts: dict[str, list[float]] = {}
     counts: dict[str, list[int]] = {}
     for i, s in enumerate(settings):
         w = RecordWriter(None)
@@ -75,15 +88,18 @@ def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
         nodes = [r for r in map(json.loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
         errs.setdefault(s.dtype, []).extend(float(r["rel_err"]) for r in nodes if isinstance(r["rel_err"], float))
         ratios.setdefault(s.dtype, []).extend(r["noise_ratio"] for r in nodes if r.get("noise_ratio") is not None)
+        if summary.noise_drift is not None:
+            drifts.setdefault(s.dtype, []).append(summary.noise_drift)
         c = counts.setdefault(s.dtype, [0, 0])
         c[0] += 1
         c[1] += not summary.passed
         if on_setting:
             on_setting(i, s, summary)
-    return [_calibrate(d, errs[d], ratios[d], *counts[d]) for d in errs]
+    return [_calibrate(d, errs[d], ratios[d], *counts[d], drifts=drifts.get(d, [])) for d in errs]
 
 
-def _calibrate(dtype: str, errs: list[float], ratios: list[float], n_settings: int, failed: int) -> Calibration:
+def _calibrate(dtype: str, errs: list[float], ratios: list[float], n_settings: int, failed: int,
+               drifts: list[float] = ()) -> Calibration:
     if not errs:
         raise UsageError(f"calibrate: the {dtype} settings judged no node")
     ordered = sorted(errs)
@@ -91,7 +107,8 @@ def _calibrate(dtype: str, errs: list[float], ratios: list[float], n_settings: i
     if dtype in NOISE_FLOOR:
         floor = NOISE_FLOOR[dtype].floor
         worst = max(ratios) if ratios else 1.0
-        value = (round(max(1.5, 1.25 * worst), 3), floor, round(min(0.9, max(3 * top, 2 * floor)), 4))
+        drift = round(max([NOISE_FLOOR[dtype].drift_limit] + [1.25 * d for d in drifts]), 3)
+        value = (round(max(1.5, 1.25 * worst), 3), floor, round(min(0.9, max(3 * top, 2 * floor)), 4), drift)
         return Calibration(dtype, n_settings, len(errs), top, p99, worst, failed, value)
     return Calibration(dtype, n_settings, len(errs), top, p99, None, failed, float(f"{max(10 * top, 1e-7):.3g}"))
 

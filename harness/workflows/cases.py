@@ -241,6 +241,7 @@ def _prompts(path: Path, raw) -> tuple[PromptSpec, ...]:
 
 
 RULE_KEYS = ("multiplier", "floor", "ceiling")
+OPTIONAL_RULE_KEYS = ("drift_limit",)
 
 
 def _tolerances(path: Path, raw) -> dict:
@@ -261,15 +262,17 @@ def _tolerances(path: Path, raw) -> dict:
     return out
 
 
-def _noise_rule(path: Path, dtype: str, table: dict) -> tuple[float, float, float]:
+def _noise_rule(path: Path, dtype: str, table: dict) -> tuple[float, ...]:
     from harness.verdict.noise_floor import NOISE_FLOOR, NoiseFloorRule
-    expected = "{ multiplier >= 1, 0 < floor < ceiling < 1 } (a bfloat16 or float16 noise floor)"
-    if dtype not in NOISE_FLOOR or set(table) != set(RULE_KEYS) or not all(
-            isinstance(table[k], (int, float)) and not isinstance(table[k], bool) for k in RULE_KEYS):
+    expected = ("{ multiplier >= 1, 0 < floor < ceiling < 1, optional drift_limit >= 1 } (a bfloat16 or float16 "
+                "noise floor)")
+    keys = RULE_KEYS + tuple(k for k in OPTIONAL_RULE_KEYS if k in table)
+    if dtype not in NOISE_FLOOR or set(table) != set(keys) or not all(
+            isinstance(table[k], (int, float)) and not isinstance(table[k], bool) for k in keys):
         raise _fail(path, f"tolerances.{dtype}", expected, table)
-    rule = tuple(float(table[k]) for k in RULE_KEYS)
+    rule = tuple(float(table[k]) for k in keys)
     try:
-        NoiseFloorRule(*rule)
+        NoiseFloorRule(*rule) if len(rule) == 4 else NoiseFloorRule(*rule, drift_limit=1.0)
     except ValueError:
         raise _fail(path, f"tolerances.{dtype}", expected, table) from None
     return rule

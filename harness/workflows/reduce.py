@@ -120,7 +120,7 @@ class Reducer:
         from harness.check.prepare import LoadCache
         self._loads = LoadCache()   # one model held at a time; its candidates read it once
         self.runs = 0
-        base = self._loads.prepare(replace(s, stop_after=1), prompts_for_batch(s.batch, prompts_for(s)))
+        base = self._loads.prepare(replace(s, stop_after=1), prompts_for(s))   # None: the model's own
         vocab, cfg = base.engine.cfg.vocab_size, base.engine.cfg
         prompts = tuple(PromptSpec(p.name, p.length, p.accuracy, tuple(prompt_tokens(p, i, vocab, s.seed)))
                         for i, p in enumerate(base.prompts))   # explicit tokens: a request keeps its prompt

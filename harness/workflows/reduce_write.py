@@ -80,7 +80,10 @@ def main() -> int:
     for rs in result.requests:
         tree = rs.tree
         ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), [-1] + [int(x) for x in tree.parents[1:]])
+        parents = [-1] + [int(x) for x in tree.parents[1:]]
         twin = p.twin.tree_logits(rs.prefix, tree) if p.rule is not None else None
+        rounded = (p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, SETTINGS.dtype)
+                   if p.rule is not None else None)
         for row in range(tree.q_len):
             if row >= tree.num_rows:   # a padding row is not judged by its logits, but must stay finite
                 if not bool(torch.isfinite(rs.logits[row]).all()):
@@ -88,7 +91,8 @@ def main() -> int:
                     print(f"request {rs.rid}, padding row {row}: logits not finite")
                 continue
             m = compare_node(rs.logits[row], ref[row])
-            tol = p.rule.bound(compare_node(twin[row], ref[row]).rel_err) if twin is not None else p.tolerance
+            tol = (p.rule.bound(compare_node(twin[row], ref[row]).rel_err, compare_node(rounded[row], ref[row]).rel_err)
+                   if twin is not None else p.tolerance)
             if m.verdict(tol) == "diverge":
                 diverged += 1
                 print(f"request {rs.rid}, row {row} (depth {tree.depths[row]}): rel. error {m.rel_err:.2e} > {tol:.1e}")
