@@ -112,8 +112,8 @@ def run(
 
 def run_inputs(s: RunSettings, impl: list[str] | None) -> dict:
     """What a run reads (flag -> path): never one of its outputs."""
-    from harness.engine.model.presets import PRESETS
-    inputs = {"--model": None if s.model in PRESETS else s.model, "--case": s.case, "--prompt-file": s.prompt_file}
+    from harness.engine.model.presets import model_input
+    inputs = {"--model": model_input(s.model), "--case": s.case, "--prompt-file": s.prompt_file}
     for i, label in enumerate(impl or ()):
         inputs[f"--impl #{i + 1}"] = label.partition(":")[2] or None
     return inputs

@@ -208,14 +208,14 @@ def validate(jobs: list[SettingJob]) -> None:
     process, harness.ports.import_check)."""
     from harness.engine.attn import make_backend
     from harness.workflows.cases import model_vocab
-    from harness.engine.model.presets import PRESETS, check_checkpoint
+    from harness.engine.model.presets import PRESETS, check_checkpoint, model_dir
     from harness.ports.import_check import check_port_imports
     prepare_environment()
     for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
         make_backend(backend, device, RunSettings(dtype=dtype).torch_dtype)
     vocab = {}
     for model in dict.fromkeys(j.settings.model for j in jobs):
-        vocab[model] = model_vocab(model) if model in PRESETS else check_checkpoint(Path(model)).vocab_size
+        vocab[model] = model_vocab(model) if model in PRESETS else check_checkpoint(model_dir(model)).vocab_size
     for j in jobs:
         check_vocabulary(j, vocab[j.settings.model])
     check_port_imports(j.settings.impl for j in jobs)
@@ -223,7 +223,7 @@ def validate(jobs: list[SettingJob]) -> None:
 
 def check_vocabulary(job: SettingJob, vocab: int) -> None:
     """The token ids a setting brings (its prompts, --eos-id) exist in the model."""
-    for spec in job.prompts:
+    for spec in job.prompts or ():   # None: the model's own text prompts, from its tokenizer
         if spec.tokens and max(spec.tokens) >= vocab:
             raise UsageError(f"prompt {spec.name!r}: token id {max(spec.tokens)} is outside the model's vocabulary "
                              f"(vocab_size {vocab}) (setting: {job.settings.command()})")
@@ -234,11 +234,11 @@ def check_vocabulary(job: SettingJob, vocab: int) -> None:
 def job_inputs(jobs: list[SettingJob], *case_files: Path | None) -> list[tuple[str, Path]]:
     """What the settings read, as (flag, path): checkpoints, case and prompt
     files, port files, and the case files named on the command line."""
-    from harness.engine.model.presets import PRESETS
+    from harness.engine.model.presets import model_input
     found = [("case file", Path(p)) for p in case_files if p is not None]
     for j in jobs:
         s = j.settings
-        for what, p in (("--model", None if s.model in PRESETS else s.model), ("--case", s.case),
+        for what, p in (("--model", model_input(s.model)), ("--case", s.case),
                         ("--prompt-file", s.prompt_file), ("--impl", (s.impl or "").partition(":")[2] or None)):
             if p is not None:
                 found.append((what, Path(p)))

@@ -141,6 +141,19 @@ def test_corrupt_entry_is_refused_in_one_line_and_rebuilt(cli, tiny, tmp_path):
     named.verify(tiny, ROW)   # whole again
 
 
+@pytest.mark.parametrize("command", [["run"], ["sweep", "--budget", "4"]])
+def test_an_output_inside_a_named_models_cache_is_refused(cli, tiny, command):
+    """A model given by name is read from its cache entry: an output there is an input, refused before
+    any work, and the entry stays whole."""
+    named.materialize(ROW, log=lambda line: None)
+    before = (tiny / "config.json").read_bytes()
+    r = CliRunner().invoke(cli, command + ["--model", ROW.name, "--backend", "torch", "--out",
+                                           str(tiny / "config.json")])
+    one_line_exit_2(r, "is also an input")
+    assert (tiny / "config.json").read_bytes() == before
+    named.verify(tiny, ROW)
+
+
 def test_partial_entry_is_refused(cli, tiny, tmp_path):
     named.materialize(ROW, log=lambda line: None)
     (tiny / named.MANIFEST).unlink()   # as an interrupted copy of the folder leaves it

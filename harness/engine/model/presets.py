@@ -231,6 +231,16 @@ def unknown_model(model: str) -> str:
             "(`ddcheck models`); or a checkpoint directory")
 
 
+def model_input(model: str) -> Path | None:
+    """Where a run of `model` reads its checkpoint from, without reading or
+    materializing it (a registered model's cache entry, a directory), None
+    for a preset: an output path may never be it or lie in it."""
+    from harness.engine.model.named import REGISTRY, cache_dir
+    if model in PRESETS:
+        return None
+    return cache_dir(REGISTRY[model]) if model in REGISTRY else Path(model)
+
+
 def model_dir(model: str) -> Path | None:
     """The checkpoint directory a run of `model` reads (a registered trained
     model's cache, materialized on first use), None for a preset."""
