@@ -128,7 +128,10 @@ def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
     left = sorted(p.name for p in tmp_path.iterdir() if p.name != "c.toml")
     assert [n for n in left if not n.endswith(".lock")] == sorted(p.name for p in outs.values()), left
     for p in outs.values():
-        assert '"passed": true' not in p.read_text() and "incomplete" in p.read_text(), p.name
+        text = p.read_text()
+        assert '"passed": true' not in text, p.name
+    assert json.loads(outs["--out"].read_text().splitlines()[0])["kind"] == "started"   # a report: incomplete
+    assert all("incomplete" in outs[flag].read_text() for flag in ("--junit", "--json", "--html"))
 
 
 def test_an_interrupted_sweep_exits_even_when_a_pool_thread_never_ends():

@@ -90,7 +90,7 @@ def test_the_gate_fails_a_build_below_its_baseline(tmp_path):
     for baseline, passes in [(measured + 0.05, True), (measured + 0.2, False)]:
         case = write_case(tmp_path, f"acceptance = {{ mean_accepted_length = {baseline}, band = 0.1 }}")
         job = plan([case])[0]
-        (verdict,) = judge([job], [result])
+        (verdict,) = judge([job], [run_job(job)])   # the run records its floor; the gate reads it there
         assert verdict.passed == passes
         if not passes:
             assert "fell below the baseline" in verdict.message
