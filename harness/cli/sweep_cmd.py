@@ -19,7 +19,7 @@ from harness.cli.app import app
 from harness.cli.common import (USAGE_ERRORS, check_jobs, check_outputs, fail_usage, pick_backend, pick_device,
                                  take_or_fail)
 from harness.check.outputs import OutputClaim, RecordStream, check_not_inputs
-from harness.engine.settings import DEFAULT_PROMPTS, RunSettings, UsageError
+from harness.engine.settings import RunSettings, UsageError
 from harness.report.model import describe_first
 from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, job_inputs, run_jobs, short_label, summary_frame,
                            validate, unjudged_lines, verdict, with_impls, write_jsonl)

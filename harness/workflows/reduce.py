@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from harness.engine.settings import PromptSpec, RunSettings, UsageError, prompt_tokens, prompts_for_batch
+from harness.engine.settings import PromptSpec, RunSettings, UsageError, prompt_tokens
 
 MAX_PASSES = 3
 
