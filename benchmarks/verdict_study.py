@@ -40,7 +40,7 @@ from noise_floor_study import leak_rows  # noqa: E402
 BACKENDS = ("torch", "sglang-triton")
 LEAKS = [("last-row-sees-one-padding", dict(topk=1)), ("one-sibling-visible", dict(topk=4)),
          ("one-ancestor-hidden", dict(topk=1)), ("last-row-sees-one-padding", dict(topk=1, long=True))]
-NODE_KEYS = ("rel_err", "twin_err", "rounded_err", "twin_dist")
+NODE_KEYS = ("rel_err", "twin_err", "rounded_err", "twin_dist", "rel_l2", "twin_l2", "rounded_l2", "depth")
 
 
 def text_prompts(model: Path, folder: Path, only: list[str] | None = None):
@@ -78,21 +78,21 @@ def judge(p, leak=None):
     return row, recs
 
 
-def fault_free(base, base_s, prompts, backends, topks, batches, new_tokens, save, out):
+def fault_free(base, base_s, prompts, backends, topks, batches, new_tokens, save, out, graphs=(False,)):
     from harness.check.prepare import derive
-    for backend in backends:
+    for backend, graph in ((b, g) for b in backends for g in graphs):
         for topk in topks:
             for batch in batches:
                 groups = [prompts[i:i + batch] for i in range(0, len(prompts) - batch + 1, batch)]
                 for group in groups:
                     s = replace(base_s, backend=backend, topk=topk, batch=batch, max_new_tokens=new_tokens,
-                                stop_after=0)
+                                stop_after=0, cuda_graph=graph)
                     t0 = time.perf_counter()
                     row, _ = judge(derive(base, s, prompts=tuple(group)))
-                    row.update(backend=backend, topk=topk, batch=batch, prompts=[g.name for g in group],
+                    row.update(backend=backend, topk=topk, batch=batch, cuda_graph=graph, prompts=[g.name for g in group],
                                wall_s=time.perf_counter() - t0)
                     out.append(row)
-                    print(f"free {base_s.dtype} {backend} k{topk} b{batch} {row['prompts'][0]}: passed {row['passed']} "
+                    print(f"free {base_s.dtype} {backend}{' graph' if graph else ''} k{topk} b{batch} {row['prompts'][0]}: passed {row['passed']} "
                           f"ratio {row['max_noise_ratio']:.2f} drift {row['noise_drift']:.2f} "
                           f"({row['wall_s']:.1f}s)", file=sys.stderr, flush=True)
                     save()
@@ -144,6 +144,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--parts", default="free,leaks,padded", help="which parts to run")
+    ap.add_argument("--graphs", default="off", help="fault-free runs under CUDA graphs: off, on or both")
     ap.add_argument("--tag", default="h200")
     a = ap.parse_args()
     import torch
@@ -172,7 +173,8 @@ def main() -> None:
         backends = a.backends.split(",")
         if "free" in parts:
             fault_free(base, base_s, prompts, backends, [int(x) for x in a.topks.split(",")],
-                       [int(x) for x in a.batches.split(",")], a.max_new_tokens, save, result["fault_free"])
+                       [int(x) for x in a.batches.split(",")], a.max_new_tokens, save, result["fault_free"],
+                       {"off": (False,), "on": (True,), "both": (False, True)}[a.graphs])
         if "leaks" in parts:
             leaks(base, base_s, prompts, backends, a.max_new_tokens, save, result["leaks"])
         if "padded" in parts:

@@ -12,7 +12,7 @@ import torch
 
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
-from harness.check.compare.metrics import compare_rows
+from harness.check.compare.metrics import compare_rows, rel_l2
 from harness.verdict.noise_floor import planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.check.crash import Crash, attribute
@@ -184,7 +184,7 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
     accepted = set(rs.acceptance.rows)
     real = tree.num_rows
     metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
-    twin_errs = rounded_errs = twin_dists = None
+    twin_errs = rounded_errs = twin_dists = l2s = None
     if rule is not None:   # the node's two correct low-precision computations, each against the oracle
         twin = p.twin.tree_logits(rs.prefix, tree)                             # [num_rows, vocab] float32
         rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype)
@@ -192,6 +192,7 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
         rounded_errs = [m.rel_err for m in compare_rows(rounded[:real], ref[:real])]
         scale = ref[:real].abs().amax(-1).clamp_min(1e-30)                     # [real] max |ref|
         twin_dists = ((rs.logits[:real].double() - twin[:real].double()).abs().amax(-1) / scale).tolist()
+        l2s = list(zip(*(rel_l2(x[:real], ref[:real]) for x in (rs.logits, twin, rounded))))  # (engine, twin, rounded)
     for row in range(tree.q_len):
         padding = row >= tree.num_rows
         if padding:
@@ -206,9 +207,10 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
             continue
         m = metrics[row]
         twin_err = rounded_err = ratio = twin_dist = None
+        l2 = (None, None, None)
         tol = p.tolerance
         if rule is not None:
-            twin_err, rounded_err, twin_dist = twin_errs[row], rounded_errs[row], twin_dists[row]
+            twin_err, rounded_err, twin_dist, l2 = twin_errs[row], rounded_errs[row], twin_dists[row], l2s[row]
             tol, ratio = rule.bound(twin_err, rounded_err), rule.ratio(m.rel_err, twin_err, rounded_err)
             summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
             summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
@@ -227,7 +229,8 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
         writer.write(NodeRecord(rs.step, rs.rid, row, tree.depths[row], tree.parents[row], tree.tokens[row],
                                 False, row in accepted, m.rel_err, m.top1_agree, m.kl, m.ref_gap, m.finite,
                                 verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio,
-                                rounded_err=rounded_err, twin_dist=twin_dist))
+                                rounded_err=rounded_err, twin_dist=twin_dist, rel_l2=l2[0], twin_l2=l2[1],
+                                rounded_l2=l2[2]))
     return ref
 
 

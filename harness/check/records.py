@@ -37,6 +37,9 @@ class NodeRecord:
     noise_ratio: float | None = None  # rel_err / max(twin_err, rounded_err, floor)
     rounded_err: float | None = None  # the oracle's own low-precision computation of the node against the oracle
     twin_dist: float | None = None    # max |logits - twin logits| / max |oracle|: the engine against its twin directly
+    rel_l2: float | None = None       # ||logits - oracle||_2 / ||oracle||_2 (noise-floor runs): the whole vector's error
+    twin_l2: float | None = None      # the same of the twin
+    rounded_l2: float | None = None   # the same of the oracle's own low-precision computation
 
 
 @dataclass(frozen=True)

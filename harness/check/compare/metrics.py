@@ -51,3 +51,16 @@ def compare_rows(engine: torch.Tensor, ref: torch.Tensor) -> list[NodeMetrics]:
     agree = agree & finite
     cols = [t.tolist() for t in (rel, agree, kl, gap, finite, scale)]
     return [NodeMetrics(*row) for row in zip(*cols)]
+
+
+def rel_l2(engine: torch.Tensor, ref: torch.Tensor) -> list[float]:
+    """||engine - ref||_2 / ||ref||_2 per row: the error over the whole logit
+    vector, not its largest entry. engine  # [n, vocab] any float dtype;
+    ref  # [n, vocab] float64. A correct low-precision node's error is spread
+    over the vocabulary; the largest of 50k correlated entries is a noisy draw
+    of it, the norm a steady one (harness/verdict/noise_floor.py)."""
+    if engine.shape != ref.shape or ref.dim() != 2:
+        raise ValueError(f"rel_l2 needs two [n, vocab] tensors, got {tuple(engine.shape)} and {tuple(ref.shape)}")
+    e = engine.to(ref.device, torch.float64)                                  # [n, vocab]
+    err = torch.linalg.vector_norm(e - ref, dim=-1)                           # [n]
+    return (err / torch.linalg.vector_norm(ref, dim=-1).clamp_min(1e-30)).tolist()
