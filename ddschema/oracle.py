@@ -50,11 +50,14 @@ class Oracle(Protocol):
         """
 
     def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                            dtype: str) -> torch.Tensor:
+                            dtype: str, probabilities: bool = False) -> torch.Tensor:
         """tree_logits [n, vocab] (float64 values) of the same model computed
         with every stored tensor (weights and activations) rounded to `dtype`
         ("bfloat16" or "float16") by the oracle's own code: an independent
-        low-precision computation, the noise yardstick of bf16/fp16 verdicts."""
+        low-precision computation, the noise yardstick of bf16/fp16 verdicts.
+        probabilities: attention's unnormalized probabilities are rounded to
+        `dtype` before P @ V too, where the engine's kernel stores them there
+        (the backend's `probability_dtype`)."""
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Plain autoregressive greedy continuation and, per emitted token,

@@ -110,7 +110,7 @@ def window_visibility(query_pos: Tensor, key_pos: Tensor, window: int) -> Tensor
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | None = None,
-              softcap: float | None = None) -> Tensor:
+              softcap: float | None = None, probs_store=None) -> Tensor:
     """Softmax attention in float64.
 
     q [T, heads, d], k and v [S, kv_heads, d] (S >= T: a cached prefix's keys
@@ -118,7 +118,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | 
     see at least one key. softcap c: each score s (after the 1/sqrt(d)
     scale) becomes c * tanh(s / c). sinks [heads]: one extra logit per head
     that joins the softmax's normalisation and carries no value (its
-    probability is dropped).
+    probability is dropped). probs_store: where a flash-style kernel stores
+    its probabilities before P @ V (SGLang's Triton kernels round
+    exp(s - max) to the value dtype there, and divide by a denominator summed
+    before that rounding); None: nothing is stored.
     """
     heads, kv_heads, d = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
@@ -130,10 +133,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | 
     scores = scores.masked_fill(~visible[None, :, :], float("-inf"))
     if sinks is not None:
         sink_col = sinks.to(scores)[:, None, None].expand(heads, scores.shape[1], 1)  # [heads, T, 1]
-        probs = torch.softmax(torch.cat([scores, sink_col], dim=-1), dim=-1)[..., :-1]  # [heads, T, S]
-    else:
-        probs = torch.softmax(scores, dim=-1)  # [heads, T, S]
-    return torch.einsum("hqk,khd->qhd", probs, v_full)  # [T, heads, d]
+        scores = torch.cat([scores, sink_col], dim=-1)  # [heads, T, S + 1]
+    if probs_store is None:
+        probs = torch.softmax(scores, dim=-1)  # [heads, T, S(+1)]
+        return torch.einsum("hqk,khd->qhd", probs[..., :v_full.shape[0]], v_full)  # [T, heads, d]
+    unnorm = torch.exp(scores - scores.amax(-1, keepdim=True))  # [heads, T, S(+1)] in (0, 1]
+    denom = unnorm.sum(-1)  # [heads, T], before the store
+    out = torch.einsum("hqk,khd->hqd", probs_store(unnorm[..., :v_full.shape[0]]), v_full)  # [heads, T, d]
+    return (out / denom[..., None]).transpose(0, 1)  # [T, heads, d]
 
 
 class DenseLlama:
@@ -151,6 +158,7 @@ class DenseLlama:
         self.config = config
         self.device = torch.device(device)
         self.store = exact   # what writing a tensor to memory does: nothing, in float64
+        self.probs_store = None   # where attention stores its probabilities before P @ V: nowhere
         missing = [n for n in weight_names(config) if n not in weights]
         if missing:
             raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
@@ -159,12 +167,15 @@ class DenseLlama:
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
-    def rounded(self, dtype: torch.dtype) -> "DenseLlama":
+    def rounded(self, dtype: torch.dtype, probabilities: bool = False) -> "DenseLlama":
         """This model (its float64 weights shared, not copied) storing every
-        tensor in `dtype`: see the module's docstring."""
+        tensor in `dtype`: see the module's docstring. probabilities: also
+        attention's unnormalized probabilities before P @ V, as flash-style
+        kernels do (`attention`'s probs_store)."""
         other = object.__new__(DenseLlama)
         other.__dict__.update(self.__dict__)   # the same config, device and float64 weights
         other.store = rounding_to(dtype)
+        other.probs_store = other.store if probabilities else None
         other.stored_w = {}   # each weight rounded once, held in `dtype` (a quarter of the float64 bytes)
         return other
 
@@ -203,7 +214,7 @@ class DenseLlama:
         k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
         v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
         sinks = self.w[p + "sinks"] if c.attn_sinks else None  # [H]
-        out = self.store(attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap))
+        out = self.store(attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap, self.probs_store))
         out = out.reshape(t, c.num_heads * c.head_dim)
         return self._linear(out, p + "o_proj", c.o_bias), k, v
 

@@ -71,7 +71,7 @@ class DenseOracle:
         self.config = config
         self.model = DenseLlama(config, weights, device, owned=owned)
         self.prefixes = PrefixCache()
-        self.low_precision: dict[str, tuple[DenseLlama, PrefixCache]] = {}   # by dtype name, made when asked
+        self.low_precision: dict[tuple[str, bool], tuple[DenseLlama, PrefixCache]] = {}   # by (dtype, probabilities), made when asked
 
     @classmethod
     def from_checkpoint(cls, directory, device: str = "cpu", **options) -> "DenseOracle":
@@ -104,16 +104,19 @@ class DenseOracle:
         return _tree_logits(self.model, self.prefixes, prefix, tokens, parents)
 
     def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
-                            dtype: str) -> Tensor:
+                            dtype: str, probabilities: bool = False) -> Tensor:
         """tree_logits (float64 [n, V]) of the same model storing every tensor
         in `dtype` ("bfloat16" or "float16"; reference/model.py says where it
-        rounds): a low-precision computation of each node by the oracle's
-        own code, with its own prefix cache."""
+        rounds), and with `probabilities` attention's probabilities before
+        P @ V too (as flash-style kernels store them): a low-precision
+        computation of each node by the oracle's own code, with its own
+        prefix cache."""
         if dtype not in ROUNDED_DTYPES:
             raise ValueError(f"rounded_tree_logits takes {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
-        if dtype not in self.low_precision:
-            self.low_precision[dtype] = (self.model.rounded(ROUNDED_DTYPES[dtype]), PrefixCache())
-        model, prefixes = self.low_precision[dtype]
+        key = (dtype, bool(probabilities))
+        if key not in self.low_precision:
+            self.low_precision[key] = (self.model.rounded(ROUNDED_DTYPES[dtype], bool(probabilities)), PrefixCache())
+        model, prefixes = self.low_precision[key]
         return _tree_logits(model, prefixes, prefix, tokens, parents)
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:

@@ -187,7 +187,8 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
     twin_errs = rounded_errs = twin_dists = l2s = None
     if rule is not None:   # the node's two correct low-precision computations, each against the oracle
         twin = p.twin.tree_logits(rs.prefix, tree)                             # [num_rows, vocab] float32
-        rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype)
+        rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype,
+                                               p.rounded_probabilities)
         twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])]
         rounded_errs = [m.rel_err for m in compare_rows(rounded[:real], ref[:real])]
         scale = ref[:real].abs().amax(-1).clamp_min(1e-30)                     # [real] max |ref|

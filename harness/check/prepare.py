@@ -85,6 +85,13 @@ class Prepared:
         return verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule, planned_nodes(s))
 
     @property
+    def rounded_probabilities(self) -> bool:
+        """Whether the engine's kernel rounds attention's probabilities before
+        P @ V (its `probability_dtype`): the oracle's rounded computation of
+        the nodes then rounds there too."""
+        return getattr(self.engine.kernel, "probability_dtype", None) is not None
+
+    @property
     def tolerance(self) -> float:
         """Relative logit tolerance for this run: the settings' own if given,
         the noise-floor rule's ceiling when it judges, else by dtype and by

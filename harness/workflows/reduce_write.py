@@ -82,7 +82,8 @@ def main() -> int:
         ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), [-1] + [int(x) for x in tree.parents[1:]])
         parents = [-1] + [int(x) for x in tree.parents[1:]]
         twin = p.twin.tree_logits(rs.prefix, tree) if p.rule is not None else None
-        rounded = (p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, SETTINGS.dtype)
+        rounded = (p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, SETTINGS.dtype,
+                                                p.rounded_probabilities)
                    if p.rule is not None else None)
         for row in range(tree.q_len):
             if row >= tree.num_rows:   # a padding row is not judged by its logits, but must stay finite

@@ -44,6 +44,10 @@ class AttentionBackend(Protocol):
     name: str
     mask_regions: frozenset[str]  # which parts of the mask the backend reads
     graph_capturable: bool        # may run inside torch.cuda.CUDAGraph capture
+    # the dtype the kernel rounds attention's unnormalized probabilities to before P @ V
+    # (flash-style kernels store them in the value dtype there), None where they stay float32:
+    # the oracle's rounded computation rounds at the same place (harness/verdict/noise_floor.py)
+    probability_dtype: torch.dtype | None
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
                 k_buffer: torch.Tensor, v_buffer: torch.Tensor, meta: AttnMetadata,

@@ -105,6 +105,8 @@ class SGLangTritonBackend:
         params = inspect.signature(self._fwd).parameters
         self._takes_scales = "k_scale" in params  # positional since 0.5.15
         self.compute_dtype = torch.float32 if self.interpret else dtype
+        # the kernel's tl.dot(p.to(v.dtype), v): exp(s - max) rounded to the value dtype before P @ V
+        self.probability_dtype = self.compute_dtype if self.compute_dtype in (torch.bfloat16, torch.float16) else None
 
     def precision(self, dtype: str) -> str:
         """Triton's float32 tl.dot multiplies in TF32 on CUDA (not in the interpreter)

@@ -17,6 +17,7 @@ class TorchBackend:
     mask_regions = frozenset({"prefix", "draft"})
     graph_capturable = False  # reads indptrs on the host
     reads_max_kv_len = True   # its prefix loop stops at meta.max_kv_len
+    probability_dtype = None  # softmax and P @ V in float32 (_attend)
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         self.dtype = dtype
