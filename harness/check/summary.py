@@ -26,6 +26,8 @@ class FirstDivergence:
     #                     | crash (the engine under test raised before anything diverged; detail names where)
     #                     | drift (the noise floor's run-level test: every node's error above the oracle's
     #                       own low-precision computation's; detail says by how much)
+    #                     | excess (the noise floor's count test: more nodes in the noise's upper tail than
+    #                       correct nodes put there; detail names the largest)
     detail: str | None = None   # one sentence, for kinds the localizer does not explain (tree, accept-ref)
 
 
@@ -54,6 +56,8 @@ class CheckSummary:
     max_rounded_err: float | None = None   # largest error of the oracle's own low-precision computation
     noise_drift: float | None = None       # exp(median log(rel_err / max(rounded_err, floor))) over judged nodes
     drift_exceeded: bool = False           # noise_drift above the rule's drift_limit: a divergence of the run
+    noise_excess: dict | None = None       # above, nodes, p: nodes over the rule's excess_ratio, binomial p
+    excess_exceeded: bool = False          # that p under EXCESS_ALPHA: a divergence of the run
     max_node_bound: float = 0.0            # largest tolerance a node was judged at
     max_ref_scale: float = 0.0
     tolerance: float | None = None   # the relative tolerance the nodes were judged at
@@ -106,7 +110,8 @@ class CheckSummary:
         return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
-                and self.provenance_findings == 0 and not self.drift_exceeded)
+                and self.provenance_findings == 0 and not self.drift_exceeded
+                and not self.excess_exceeded)
 
 
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:

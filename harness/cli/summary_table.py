@@ -26,6 +26,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
         t.add_row("noise ratio", f"max {summary.max_noise_ratio or 0:.2f} (diverge above {r['multiplier']:g} x "
                                  f"max(twin, {r['floor']:.1e}), or above {r['ceiling']:g})")
+        if summary.noise_excess:
+            x = summary.noise_excess
+            t.add_row("noise excess", f"{x['above']} of {x['nodes']} nodes above {r.get('excess_ratio') or 0:g} x "
+                                      f"their noise (binomial p {x['p']:.1e})")
     else:
         t.add_row("max rel. error", f"{summary.max_rel_err:.2e} (tolerance {summary.tolerance:.0e})")
     t.add_row("stream mismatches", str(summary.stream_mismatches))

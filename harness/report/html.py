@@ -188,12 +188,17 @@ def _facts(v: SettingView) -> str:
             ("verdict rule", _noise_rule(m)),
             ("max noise ratio (engine / twin error)", _fmt(m.get("max_noise_ratio"), ".2f")),
             ("max twin error", _fmt(m.get("max_twin_err"), ".2e")),
+            ("noise excess (nodes in the noise's 1% tail)", _excess(m.get("noise_excess"))),
             ("oracle time per step", _fmt(m.get("oracle_s_per_step"), ".3f")),
             ("engine time per step", _fmt(m.get("engine_s_per_step"), ".3f")),
             ("oracle device", m.get("oracle_device")), ("records", v.source)]
     rows += [("note", n) for n in m.get("notes") or []]
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(x)}</td></tr>" for k, x in rows if x is not None)
     return f'<table class="facts">{body}</table>'
+
+
+def _excess(x: dict | None) -> str | None:
+    return None if not x else f"{x['above']} of {x['nodes']} (binomial p {x['p']:.1e})"
 
 
 def _noise_rule(m: dict) -> str | None:

@@ -148,3 +148,34 @@ def test_a_softmax_scale_three_percent_off_in_the_kernel_fails_a_bf16_run(monkey
     monkeypatch.setattr(TorchBackend, "forward", scaled)
     bad, _ = run(dtype="bfloat16", prompt_lens=(200,), max_new_tokens=6)
     assert not bad.passed and bad.first.what == "drift" and bad.max_noise_ratio < bad.noise_rule["multiplier"]
+
+
+def test_binomial_upper_tail():
+    from harness.verdict.noise_floor import binomial_upper_tail
+    assert binomial_upper_tail(10, 0, 0.01) == 1.0 and binomial_upper_tail(3, 4, 0.01) == 0.0
+    assert binomial_upper_tail(1, 1, 0.01) == pytest.approx(0.01)
+    assert binomial_upper_tail(2, 1, 0.5) == pytest.approx(0.75)
+    exact = sum(math.comb(300, i) * 0.01 ** i * 0.99 ** (300 - i) for i in range(8, 301))
+    assert binomial_upper_tail(300, 8, 0.01) == pytest.approx(exact, rel=1e-9)
+
+
+def test_the_excess_test_fails_a_run_whose_small_errors_repeat():
+    """Test 3: every node within its own bound (ratio below the multiplier),
+    but far more of them in the tail than correct nodes put there."""
+    from types import SimpleNamespace
+    from harness.check.differential import _check_excess
+    from harness.check.summary import CheckSummary
+    rule = NOISE["bfloat16"].rule(400)
+    assert rule.excess_ratio is not None and rule.excess_ratio < 1.6 < rule.multiplier
+    p = SimpleNamespace(rule=rule, settings=SimpleNamespace(dtype="bfloat16"))
+    quiet = [(1.0, s, 0, n) for s in range(40) for n in range(10)]
+    repeated = [(1.6 if n == 9 else 1.0, s, 0, n) for s in range(40) for n in range(10)]   # the last row, every step
+    ok, bad = CheckSummary("s"), CheckSummary("s")
+    _check_excess(p, ok, quiet)
+    _check_excess(p, bad, repeated)
+    assert ok.checks_passed and ok.noise_excess == dict(above=0, nodes=400, p=1.0)
+    assert not bad.checks_passed and bad.noise_excess["above"] == 40 and bad.first.what == "excess"
+    assert (bad.first.step, bad.first.node) == (39, 9) and "40 of 400 nodes" in bad.first.detail
+    few = [(1.6 if (n == 9 and s < 3) else 1.0, s, 0, n) for s in range(40) for n in range(10)]
+    _check_excess(p, few_s := CheckSummary("s"), few)
+    assert few_s.checks_passed    # 3 of 400 in the 1% tail is what correct runs do
