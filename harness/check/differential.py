@@ -23,6 +23,7 @@ from harness.check.records import NodeRecord, RecordWriter, StreamRecord
 from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+from harness.engine.ddtree.mask import kernel_visible
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -308,7 +309,7 @@ def _ignored_prefix_keys(vb, backend) -> int:
     whole prefix, and the comparison judges against what the kernel does."""
     if "prefix" in backend.mask_regions or vb.attn.custom_mask is None:
         return 0
-    mask, indptr, n = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
+    mask, indptr, n = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
     blocked = 0
     for b, prefix in enumerate(vb.seq_lens.tolist()):
         block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]

@@ -44,8 +44,8 @@ CONVENTIONS = Conventions(
     budget_counts_root=False,
     topk_rule="K = the last dim of draft_top_log_probs (the run's --topk); logits versions: min(budget, vocab)",
     padding="token 0 at position prefix (depth 0), parent -1; each padding row sees only its own diagonal",
-    mask="allow-bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
-         "rectangle, additive 0 / -max, then 1.0 / 0.0)",
+    mask="bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
+         "rectangle, an additive 0 / -max bias, then 1.0 / 0.0); handed to the kernel as is (nonzero = visible)",
     stages=("build", "compile", "accept", "commit"),
     padding_token="zero", padding_position="prefix",
     functions=("build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree", "compact_ddtree_kv_cache"),
@@ -75,15 +75,6 @@ def native_tree(trees: list[DraftTree], budget: int):
         for i in range(n):
             vis[b, i, t.ancestors(i)] = True
     return ids, depths, parents, vis, torch.tensor([t.num_rows for t in trees], dtype=torch.long)
-
-
-def float_mask_meaning(mask: torch.Tensor) -> str:
-    """How a version means its mask: bool allows; a float mask with large negatives is
-    additive (0 visible, the first versions); a float 0/1 mask allows where nonzero
-    (the versions that fed SGLang's Triton kernel 1.0 / 0.0)."""
-    if not mask.is_floating_point():
-        return "allow"
-    return "additive" if bool((mask < -1.0).any()) else "nonzero"
 
 
 class DDTreeUtils:
@@ -140,10 +131,9 @@ class DDTreeUtils:
         input_ids, positions, mask = out[0], out[1], out[2]
         if mask is None:
             raise PortError(f"{self.path}: compile_ddtree_tree built no mask with build_attention_mask=True")
-        # as the port laid it out and meant it; the kernel reads it flat either way
+        # as the port laid it out, dtype and values untouched; the kernel reads it flat, nonzero = visible
         layout = "rectangle" if mask.dim() == 3 else "flat"
-        meaning = float_mask_meaning(mask)
-        return CompiledVerify(input_ids.reshape(-1), positions.reshape(-1), PortMask(mask, meaning, layout))
+        return CompiledVerify(input_ids.reshape(-1), positions.reshape(-1), PortMask(mask, layout))
 
     # -- accept ----------------------------------------------------------------------
     def child_maps(self, trees: list[DraftTree]):
