@@ -178,3 +178,15 @@ def test_loader_registers_the_module_while_it_runs(tmp_path):
     f = tmp_path / "port.py"
     f.write_text("from dataclasses import dataclass\n@dataclass\nclass Tree:\n    n: int\n")
     assert load_port_module(f).module.Tree(3).n == 3
+
+
+def test_audit_names_an_inverted_mask_once_and_only_when_every_real_entry_is_flipped():
+    block = request_mask_block(BRANCH, 2)                   # [4, 6]
+    inverted = block.clone()
+    inverted[:, 2:] = ~block[:, 2:]
+    found = audit_mask(0, 0, BRANCH, 2, inverted, reads_prefix=False, encoding="bfloat16, values -3.39e+38, 0")
+    assert [f.check for f in found] == ["mask-inverted"]
+    assert "bfloat16" in found[0].detail and "16 of 16" in found[0].detail
+    almost = inverted.clone()
+    almost[3, 2 + 3] = True                                 # one real entry as the tree says: not the complement
+    assert "mask-inverted" not in [f.check for f in audit_mask(0, 0, BRANCH, 2, almost, reads_prefix=False)]
