@@ -87,14 +87,15 @@ class CheckSummary:
     @property
     def verdict(self) -> str:
         """pass | diverge (a divergence, or the engine under test crashed) |
-        oracle-crash (the oracle raised before anything diverged) |
+        port-error (the port under test raised in its own code before anything diverged:
+        not a divergence, not a pass) | oracle-crash (the oracle raised before anything diverged) |
         internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
         side = (self.crash or {}).get("side")
         if side == "ddcheck":
             return "internal-error"
         if not self.checks_passed or side == "engine":
             return "diverge"
-        return "oracle-crash" if side == "oracle" else "pass"
+        return {"port": "port-error", "oracle": "oracle-crash"}.get(side, "pass")
 
     @property
     def passed(self) -> bool:

@@ -169,8 +169,9 @@ def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
     raise typer.Exit(0)
 
 
-# exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's)
-EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3}
+# exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's),
+# 4 when the port under test raised in its own code before anything diverged
+EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3, "port-error": 4}
 
 
 def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
@@ -182,6 +183,10 @@ def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
                 f"{crash['where']}{before} (records: {path})")
     if crash["side"] == "oracle":
         return f"ddcheck: the oracle raised {crash['error']} at {crash['where']}{before} (records: {path})"
+    if crash["side"] == "port":
+        verdict = "" if before else ": not a divergence, not a pass"
+        return (f"ddcheck: the port under test raised {crash['error']} at {crash['where']} in its own code, under "
+                f"SGLang {crash.get('sglang')}{before}{verdict} (records: {path})")
     return f"ddcheck: the engine under test raised {crash['error']} at {crash['where']}{before} (records: {path})"
 
 
