@@ -176,7 +176,7 @@ EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3, "
 
 def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
     """One stderr line, distinct per side."""
-    seen = summary.divergent_nodes + summary.stream_mismatches
+    seen = summary.divergent_nodes + summary.nonfinite_padding_rows + summary.stream_mismatches
     before = f"; {seen} divergences recorded before it" if seen else ""
     if crash["side"] == "ddcheck":
         return (f"ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): {crash['error']} at "

@@ -21,6 +21,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("divergent nodes", str(summary.divergent_nodes))
     t.add_row("near ties", str(summary.near_ties))
     t.add_row("padding rows seen", str(summary.padding_rows))
+    if summary.nonfinite_padding_rows:
+        t.add_row("non-finite padding rows", f"[red]{summary.nonfinite_padding_rows}[/] (NaN or inf: a divergence)")
     if summary.verdict_rule == "noise-floor":
         r = summary.noise_rule
         t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
