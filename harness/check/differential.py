@@ -285,9 +285,10 @@ def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, su
 def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordWriter) -> None:
     """The port's metadata against the rules, whatever the logits say (harness/ports/audit.py)."""
     reqs = result.requests
+    finite = [torch.isfinite(rs.logits).all(-1).tolist() for rs in reqs]   # per request: [q_len] bool
     findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
                             [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
-                            "prefix" in p.engine.backend.mask_regions)
+                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite))
     for f in findings:
         writer.write(f.record(summary.setting))
         if f.severity == "error":

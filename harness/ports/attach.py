@@ -38,9 +38,11 @@ class PortRun:
                 "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed),
                 "conventions": {k: v for k, v in asdict(c).items()}}
 
-    def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool) -> list[Finding]:
+    def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool,
+              produced: tuple[str, list[list[bool]]] | None = None) -> list[Finding]:
+        """produced: (backend name, per request and row whether its logits came out finite)."""
         conv = self.conventions if "compile" in self.stages.stages else None
-        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv)
+        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv, produced)
         self.log.step = step + 1
         return self.log.drain()
 

@@ -82,9 +82,12 @@ def inversion_sentence(tree: DraftTree, encoding: str) -> str:
 
 
 def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Tensor,
-               reads_prefix: bool, encoding: str = "bool") -> list[Finding]:
+               reads_prefix: bool, encoding: str = "bool", produced: tuple[str, list[bool]] | None = None
+               ) -> list[Finding]:
     """block  # [q_len, prefix+q_len] bool, the request's mask as the kernel reads it;
-    encoding: the dtype and values the port handed over (mask_encoding)."""
+    encoding: the dtype and values the port handed over (mask_encoding);
+    produced: (backend name, per row whether its logits came out finite): a row that
+    sees no key is judged by what that backend produced there."""
     out = []
     n, real = tree.q_len, tree.num_rows
     draft = block[:, prefix:]
@@ -122,10 +125,25 @@ def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Ten
                            f"rows {_span(blocked)} block part of the committed prefix{why}", tuple(blocked)))
     empty = [i for i in range(real, n) if not block[i].any()]
     if empty:
-        out.append(Finding("padding-row-empty", "warning", step, b,
-                           f"padding rows {_span(empty)} see no key at all: NaN on a kernel that divides by the "
-                           f"softmax sum (SGLang's Triton kernel writes 0 there)", tuple(empty)))
+        out.append(_empty_rows(step, b, empty, produced))
     return out
+
+
+def _empty_rows(step: int, b: int, empty: list[int], produced: tuple[str, list[bool]] | None) -> Finding:
+    """Padding rows that see no key: an error where the backend in use produced non-finite
+    logits there, a warning where its output stayed finite (SGLang's Triton kernel writes 0)."""
+    head = f"padding rows {_span(empty)} see no key at all"
+    if produced is None:
+        return Finding("padding-row-empty", "warning", step, b, f"{head}: NaN on a kernel that divides by the "
+                       "softmax sum (SGLang's Triton kernel writes 0 there)", tuple(empty))
+    backend, finite = produced
+    nan = [i for i in empty if not finite[i]]
+    if nan:
+        return Finding("padding-row-empty", "error", step, b, f"{head}, and the {backend} backend produced "
+                       f"non-finite logits on rows {_span(nan)} (0/0 in the softmax): the NaN K/V they write "
+                       "reaches the next layer", tuple(empty))
+    return Finding("padding-row-empty", "warning", step, b, f"{head}; the {backend} backend's output stayed finite "
+                   "there, so no logit changes on it (NaN on a kernel that divides by the softmax sum)", tuple(empty))
 
 
 def audit_inputs(step: int, b: int, tree: DraftTree, prefix: int, ids: list[int], pos: list[int]) -> list[Finding]:

@@ -119,3 +119,12 @@ def test_bad_impl_is_a_one_line_usage_error(tmp_path):
         r = CliRunner().invoke(app, ["run", "--impl", impl, "--backend", "torch"])
         assert r.exit_code == 2 and msg in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def test_fully_masked_padding_rows_are_an_error_where_the_backend_produces_nan():
+    """The same port on the torch backend: 0/0 there is NaN, so the finding is an error."""
+    summary, records = _run(f"ddtree-utils:{FIX / 'ddtree_utils' / 'padding_rows_masked.py'}", budget=16, topk=1,
+                            batch=1, max_new_tokens=4)
+    empty = [r for r in records if r["kind"] == "audit" and r["check"] == "padding-row-empty"]
+    assert not summary.passed and empty and all(r["severity"] == "error" for r in empty)
+    assert summary.nonfinite_padding_rows > 0 and summary.divergent_nodes <= summary.nodes_checked

@@ -190,3 +190,14 @@ def test_audit_names_an_inverted_mask_once_and_only_when_every_real_entry_is_fli
     almost = inverted.clone()
     almost[3, 2 + 3] = True                                 # one real entry as the tree says: not the complement
     assert "mask-inverted" not in [f.check for f in audit_mask(0, 0, BRANCH, 2, almost, reads_prefix=False)]
+
+
+def test_a_row_that_sees_no_key_is_judged_by_what_the_backend_produced():
+    block = request_mask_block(CHAIN, 3)
+    block[4].fill_(False)                                   # padding row 4 sees nothing
+    finite = [True] * 5
+    (warn,) = audit_mask(0, 0, CHAIN, 3, block, reads_prefix=True, produced=("sglang-triton", finite))
+    assert (warn.check, warn.severity) == ("padding-row-empty", "warning") and "stayed finite" in warn.detail
+    nan = finite[:4] + [False]
+    (err,) = audit_mask(0, 0, CHAIN, 3, block, reads_prefix=True, produced=("torch", nan))
+    assert (err.check, err.severity) == ("padding-row-empty", "error") and "torch backend produced non-finite" in err.detail
