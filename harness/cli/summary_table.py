@@ -71,6 +71,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
         pt = summary.port
         stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""
+        if pt.get("not_driven"):   # functions the port's worker never calls are not judged
+            stubs += f"; not driven, its worker never calls {', '.join(pt['not_driven'].values())}"
         t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
                                  f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"

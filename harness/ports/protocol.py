@@ -41,6 +41,9 @@ class Conventions:
     greedy_only: bool = True
     page_size: int = 1
     functions: tuple[str, ...] = ()   # the port's functions the adapter calls
+    # (stage, the port's function that stage calls): a stage whose function the port's worker never
+    # calls is not driven (harness/ports/worker_calls.py)
+    stage_functions: tuple[tuple[str, str], ...] = ()
     # the declared padding-row inputs, audited every step: token ("zero" | "root") and
     # position ("prefix": the root's, "zero"); None: not declared
     padding_token: str | None = None

@@ -227,6 +227,7 @@ def validate(jobs: list[SettingJob]) -> None:
     from harness.engine.attn import make_backend
     from harness.workflows.cases import model_vocab
     from harness.engine.model.presets import PRESETS, check_checkpoint, model_dir
+    from harness.ports.attach import check_port_stages
     from harness.ports.import_check import check_port_imports
     prepare_environment()
     for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
@@ -237,6 +238,8 @@ def validate(jobs: list[SettingJob]) -> None:
     for j in jobs:
         check_vocabulary(j, vocab[j.settings.model])
     check_port_imports(j.settings.impl for j in jobs)
+    for impl, port_stages in dict.fromkeys((j.settings.impl, j.settings.port_stages) for j in jobs if j.settings.impl):
+        check_port_stages(impl, port_stages)
 
 
 def check_vocabulary(job: SettingJob, vocab: int) -> None:

@@ -32,6 +32,7 @@ import torch
 from harness.ports.loading import load_port_module, parameters, require
 from harness.ports.protocol import BuiltTrees, CommitResult, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family, find_in_checkout
+from harness.ports.worker_calls import worker_calls
 from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 
@@ -49,6 +50,8 @@ CONVENTIONS = Conventions(
     stages=("build", "compile", "accept", "commit"),
     padding_token="zero", padding_position="prefix",
     functions=("build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree", "compact_ddtree_kv_cache"),
+    stage_functions=(("build", "build_ddtree_tree"), ("compile", "compile_ddtree_tree"),
+                     ("accept", "follow_verified_tree"), ("commit", "compact_ddtree_kv_cache")),
 )
 
 
@@ -83,6 +86,7 @@ class DDTreeUtils:
     def __init__(self, path: Path) -> None:
         loaded = load_port_module(find_in_checkout(path, IN_CHECKOUT))
         self.path, self.mod, self.stubbed = loaded.path, loaded.module, loaded.stubbed
+        self.worker = worker_calls(self.path)   # what the checkout's worker side calls (None: no worker beside it)
         self.fn_build, self.fn_compile, self.fn_follow = require(
             self.mod, self.path, "build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree")
         self.fn_compact = getattr(self.mod, "compact_ddtree_kv_cache", None)
