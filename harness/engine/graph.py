@@ -164,6 +164,8 @@ class GraphRunner:
         if self.options.refill_mask or fresh:
             live = vb.attn.custom_mask.numel()
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
+            # the kernel's reading of the live mask kept through the uint8 buffer (a plain float cast would
+            # turn -inf or 0.5, both visible to the kernel, into 0)
             st.custom_mask[:live] = kernel_visible(vb.attn.custom_mask).to(torch.uint8)
             st.custom_mask[live:end] = 1  # dummy requests see everything: no empty rows
             if windowed:   # the same layout (window_mask_indptr is mask_indptr): refilled alike
