@@ -55,6 +55,8 @@ def attach_port(s: RunSettings, pipeline: Pipeline, vocab: int) -> tuple[Pipelin
         return pipeline, None
     spec = parse_impl(s.impl)
     adapter = load_adapter(spec)
+    if hasattr(adapter, "model_dtype"):   # a port whose worker hands it the model's dtype gets the run's
+        adapter.model_dtype = s.torch_dtype
     conv = adapter.conventions
     driven, not_driven = worker_stages(adapter, parse_stages(s.port_stages, conv.stages), bool(s.port_stages))
     stages = PortStages(adapter, driven, AuditLog())

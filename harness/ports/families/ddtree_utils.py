@@ -87,6 +87,9 @@ class DDTreeUtils:
         loaded = load_port_module(find_in_checkout(path, IN_CHECKOUT))
         self.path, self.mod, self.stubbed = loaded.path, loaded.module, loaded.stubbed
         self.worker = worker_calls(self.path)   # what the checkout's worker side calls (None: no worker beside it)
+        # the dtype the worker hands a compile that takes one (the model's: the seed's worker passed
+        # torch.bfloat16); attach_port sets the run's
+        self.model_dtype = torch.float32
         self.fn_build, self.fn_compile, self.fn_follow = require(
             self.mod, self.path, "build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree")
         self.fn_compact = getattr(self.mod, "compact_ddtree_kv_cache", None)
@@ -126,7 +129,7 @@ class DDTreeUtils:
         args = dict(root_token_ids=roots, node_token_ids=ids, node_depths=depths, visibility=vis,
                     start_positions=past.clone(), past_lengths=past, tree_budget=budget,
                     actual_tree_sizes=actual, device=torch.device("cpu"), past_lens_cpu=list(prefix_lens),
-                    actual_sizes_cpu=actual.tolist(), build_attention_mask=True, dtype=torch.float32)
+                    actual_sizes_cpu=actual.tolist(), build_attention_mask=True, dtype=self.model_dtype)
         unknown = [p for p in self.compile_params[:6] if p not in args]
         if unknown:
             raise PortError(f"{self.path}: compile_ddtree_tree takes {', '.join(unknown)}, which no version this "
