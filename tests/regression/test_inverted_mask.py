@@ -46,11 +46,12 @@ def test_the_faithful_twin_passes_on_the_same_setting(tmp_path, backend):
 
 
 @pytest.mark.skipif(not available(), reason="no SGLang")
-@pytest.mark.parametrize("stages", [[], ["--port-stages", "compile,accept,commit"]], ids=["own-build", "ddcheck-tree"])
-def test_the_seed_versions_api_gets_the_runs_dtype_and_fails_inverted(tmp_path, stages):
+@pytest.mark.parametrize("dtype, stages", [("bfloat16", []), ("float32", ["--port-stages", "compile,accept,commit"])],
+                         ids=["own-build-bf16", "ddcheck-tree-f32"])
+def test_the_seed_versions_api_gets_the_runs_dtype_and_fails_inverted(tmp_path, dtype, stages):
     """The issue's command on a fixture with the first version's API (a logits builder, a
     compile that takes the model's dtype and hands over an additive rectangle): the worker's
-    dtype is the run's, bfloat16 here, and the mask reads inverted on SGLang's kernel."""
-    code, summary, _ = _run(tmp_path, "seed_v1_api.py", "--backend", "sglang-triton", "--dtype", "bfloat16", *stages)
+    dtype is the run's, and the mask reads inverted on SGLang's kernel."""
+    code, summary, _ = _run(tmp_path, "seed_v1_api.py", "--backend", "sglang-triton", "--dtype", dtype, *stages)
     assert code == 1 and summary["fault_class"] == "inverted-mask", summary["explanation"]
-    assert "(bfloat16, values" in summary["explanation"]
+    assert f"({dtype}, values" in summary["explanation"]
