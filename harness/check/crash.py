@@ -2,19 +2,24 @@
 code raised it.
 
 - `engine`: the engine under test (harness/engine, harness/ports,
-  harness/faults, and whatever code they call: a port's own file, a stage
-  swapped into the pipeline);
+  harness/faults, and whatever code they call: a stage swapped into the
+  pipeline);
+- `port`: the port under test (`--impl`) raised inside its own code, e.g.
+  under the installed SGLang an environment variable it reads is gone or an
+  import moved: not a divergence, not a pass (its own verdict, exit 4),
+  named by the port's file:line and the installed SGLang version;
 - `oracle`: the float64 reference (reference/);
 - `ddcheck`: ddcheck's own code (harness/check: the comparison, the
   localizer, records, the noise-floor twin; harness/verdict, the reports, the
   workflows; and two instruments inside the engine's folders: the KV canary
   and the port audit).
 
-The innermost frame in one of those folders decides: a frame in a library
-(torch, SGLang), in ddschema/ or in a file outside the project (a port's
-checkout, a test) is passed over, so a stage defined in a test and called by
-the engine is the engine's, and an exception torch raises inside ddcheck's
-comparison is ddcheck's.
+The innermost frame in one of those folders, or in the port's loaded
+module, decides: a frame in a library (torch, SGLang), in ddschema/ or in a
+file outside the project (a test) is passed over, so a stage defined in a
+test and called by the engine is the engine's, an exception torch raises
+inside ddcheck's comparison is ddcheck's, and one SGLang raises where the
+port called it is the port's.
 
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
@@ -22,7 +27,10 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from harness.ports.loading import PORT_MODULE_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: harness/, reference/, ddschema/
 
@@ -30,7 +38,7 @@ ENGINE_PACKAGES = {"engine", "ports", "faults"}
 # files inside the engine's folders that are ddcheck's instruments, not the engine
 DDCHECK_FILES = {"harness/engine/mem/provenance.py", "harness/ports/audit.py"}
 
-SIDES = ("engine", "oracle", "ddcheck")
+SIDES = ("engine", "port", "oracle", "ddcheck")
 
 
 @dataclass(frozen=True)
@@ -42,26 +50,40 @@ class Crash:
     step: int | None   # the last verify step the engine produced (None: it raised before the first)
     traceback: str
     in_step: bool = False   # raised while that step was being checked (else: after it, in the engine's next round)
+    sglang: str | None = None   # the installed SGLang's version ("not installed"): set for a port's own raise
+
+    def __post_init__(self) -> None:
+        if self.side not in SIDES:
+            raise ValueError(f"crash side must be one of {SIDES}, got {self.side!r}")
 
     @property
     def who(self) -> str:
-        return {"engine": "the engine under test", "oracle": "the oracle",
+        return {"engine": "the engine under test", "port": "the port under test", "oracle": "the oracle",
                 "ddcheck": "ddcheck itself (an internal error)"}[self.side]
 
     def sentence(self) -> str:
         when = (" before the first verify step" if self.step is None else
                 f" while verify step {self.step} was checked" if self.in_step else f" after verify step {self.step}")
-        return f"{self.who} raised {self.error} at {self.where}{when}"
+        own = f" in its own code, under SGLang {self.sglang}" if self.side == "port" else ""
+        return f"{self.who} raised {self.error} at {self.where}{own}{when}"
 
     def record(self, setting: str) -> dict:
         return {"kind": "crash", "setting": setting, "side": self.side, "where": self.where,
                 "raised_at": self.raised_at, "error": self.error, "step": self.step,
-                "in_step": self.in_step, "sentence": self.sentence(), "traceback": self.traceback}
+                "in_step": self.in_step, "sglang": self.sglang, "sentence": self.sentence(),
+                "traceback": self.traceback}
 
     def brief(self) -> dict:
         """What the summary carries."""
         return {"side": self.side, "where": self.where, "error": self.error, "step": self.step,
-                "in_step": self.in_step, "sentence": self.sentence()}
+                "in_step": self.in_step, "sglang": self.sglang, "sentence": self.sentence()}
+
+
+def installed_sglang() -> str:
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def project_path(filename: str) -> str | None:
@@ -96,17 +118,24 @@ def _shown(frame: traceback.FrameSummary) -> str:
     return f"{rel}:{frame.lineno} ({frame.name})"
 
 
+def _is_port_frame(frame) -> bool:
+    """A frame of the port's own code: its module is one ddcheck loaded from the user's file."""
+    return str(frame.f_globals.get("__name__", "")).startswith(PORT_MODULE_PREFIX)
+
+
 def attribute(e: BaseException, step: int | None = None, in_step: bool = False) -> Crash:
     """The side whose code raised `e`; a traceback with no frame of any side
     (raised in a library called from nowhere we know) is ddcheck's."""
+    walked = list(traceback.walk_tb(e.__traceback__))
     frames = traceback.extract_tb(e.__traceback__)
     side, where = "ddcheck", None
-    for frame in reversed(frames):
-        found = side_of(frame.filename)
+    for (live, _), frame in zip(reversed(walked), reversed(frames)):
+        found = "port" if _is_port_frame(live) else side_of(frame.filename)
         if found is not None:
             side, where = found, _shown(frame)
             break
     raised_at = _shown(frames[-1]) if frames else "?"
     error = traceback.format_exception_only(type(e), e)[-1].strip()
     return Crash(side, where or raised_at, raised_at, error, step,
-                 "".join(traceback.format_exception(type(e), e, e.__traceback__)), in_step)
+                 "".join(traceback.format_exception(type(e), e, e.__traceback__)), in_step,
+                 installed_sglang() if side == "port" else None)

@@ -23,6 +23,7 @@ from harness.check.records import NodeRecord, RecordWriter, StreamRecord
 from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+from harness.engine.ddtree.mask import kernel_visible
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -74,7 +75,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         progress.step, progress.in_step = result.step, True
         summary.steps += 1
         progress.ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
-        divergent_before = summary.divergent_nodes
+        divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
                 ref = _check_request_step(rs, p, summary, writer, progress)
@@ -88,7 +89,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             _audit_port_step(p, result, summary, writer)
         if on_step:
             on_step(result.step, sum(len(r.emitted) for r in p.engine.requests))
-        summary.divergent_steps += summary.divergent_nodes > divergent_before
+        summary.divergent_steps += summary.divergent_nodes + summary.nonfinite_padding_rows > divergent_before
         summary.mean_accepted_length, summary.acceptance_by_depth = tally.mean_length, tally.by_depth
         if s.stop_after and summary.divergent_steps >= s.stop_after:
             summary.stopped_early = True
@@ -128,7 +129,7 @@ def _crashed(p: Prepared, summary: CheckSummary, writer: RecordWriter, crash: Cr
         _add_notes(p, summary, progress.ignored_prefix_keys)
     except Exception:  # noqa: BLE001  (notes are a courtesy)
         pass
-    before = summary.divergent_nodes + summary.stream_mismatches + summary.tree_mismatches \
+    before = summary.divergent_nodes + summary.nonfinite_padding_rows + summary.stream_mismatches + summary.tree_mismatches \
         + summary.accept_ref_mismatches + summary.accept_mismatches + summary.provenance_findings
     if summary.first is None and crash.side == "engine":
         step = crash.step if crash.step is not None else -1
@@ -202,7 +203,7 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
             finite = bool(torch.isfinite(rs.logits[row]).all())
             summary.padding_rows += 1
             if not finite:  # a padding row must see at least one key: NaN here is a fully masked row
-                summary.divergent_nodes += 1
+                summary.nonfinite_padding_rows += 1   # not a judged node: divergent_nodes counts nodes_checked's
                 if summary.first is None:
                     summary.first = FirstDivergence(rs.step, rs.rid, row, None, True, None, "padding")
             writer.write(NodeRecord(rs.step, rs.rid, row, None, None, None, True, False, None, None, None,
@@ -311,9 +312,10 @@ def _check_against_reference(p: Prepared, rs: RequestStep, ref: torch.Tensor, su
 def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordWriter) -> None:
     """The port's metadata against the rules, whatever the logits say (harness/ports/audit.py)."""
     reqs = result.requests
+    finite = [torch.isfinite(rs.logits).all(-1).tolist() for rs in reqs]   # per request: [q_len] bool
     findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
                             [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
-                            "prefix" in p.engine.backend.mask_regions)
+                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite))
     for f in findings:
         writer.write(f.record(summary.setting))
         if f.severity == "error":
@@ -335,7 +337,7 @@ def _ignored_prefix_keys(vb, backend) -> int:
     whole prefix, and the comparison judges against what the kernel does."""
     if "prefix" in backend.mask_regions or vb.attn.custom_mask is None:
         return 0
-    mask, indptr, n = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
+    mask, indptr, n = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
     blocked = 0
     for b, prefix in enumerate(vb.seq_lens.tolist()):
         block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]
@@ -433,7 +435,7 @@ def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
         return
     t = replay.live.seq_lens.numel() * replay.live.q_len
     bad = (~torch.isfinite(replay.logits[t:]).all(-1)).nonzero().flatten().tolist()
-    summary.divergent_nodes += len(bad)
+    summary.nonfinite_padding_rows += len(bad)
     if bad and summary.first is None:
         n = replay.live.q_len
         summary.first = FirstDivergence(step, (t + bad[0]) // n, bad[0] % n, None, True, None, "batch-padding")

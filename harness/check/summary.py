@@ -38,6 +38,8 @@ class CheckSummary:
     divergent_nodes: int = 0
     near_ties: int = 0
     padding_rows: int = 0
+    nonfinite_padding_rows: int = 0  # padding rows (tree or graph batch padding) whose logits are not finite: a
+    #                                  divergence, but not a judged node (divergent_nodes <= nodes_checked)
     steps: int = 0
     stream_mismatches: int = 0
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
@@ -91,14 +93,15 @@ class CheckSummary:
     @property
     def verdict(self) -> str:
         """pass | diverge (a divergence, or the engine under test crashed) |
-        oracle-crash (the oracle raised before anything diverged) |
+        port-error (the port under test raised in its own code before anything diverged:
+        not a divergence, not a pass) | oracle-crash (the oracle raised before anything diverged) |
         internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
         side = (self.crash or {}).get("side")
         if side == "ddcheck":
             return "internal-error"
         if not self.checks_passed or side == "engine":
             return "diverge"
-        return "oracle-crash" if side == "oracle" else "pass"
+        return {"port": "port-error", "oracle": "oracle-crash"}.get(side, "pass")
 
     @property
     def passed(self) -> bool:
@@ -107,7 +110,7 @@ class CheckSummary:
     @property
     def checks_passed(self) -> bool:
         """No check found a divergence (whatever crashed after)."""
-        return (self.divergent_nodes == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
+        return (self.divergent_nodes == 0 and self.nonfinite_padding_rows == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
                 and self.provenance_findings == 0 and not self.drift_exceeded
@@ -115,6 +118,8 @@ class CheckSummary:
 
 
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
+    if summary.divergent_nodes > summary.nodes_checked:   # every view reads these two as "divergent of checked"
+        raise ValueError(f"summary counts {summary.divergent_nodes} divergent nodes of {summary.nodes_checked} checked")
     d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
             "settings": s.to_dict(), **d, **provenance(),

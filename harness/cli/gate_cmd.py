@@ -49,7 +49,8 @@ def gate(
     from harness.cli.sweep_cmd import pick_case_device, print_results, run_or_exit
     from harness.workflows.gate import ci_line, gate_line, json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
-    from harness.workflows.sweep import default_jobs, job_inputs, on_device, unjudged_lines, validate, with_impls, write_jsonl
+    from harness.workflows.sweep import (default_jobs, exit_code, job_inputs, on_device, port_error_lines,
+                                         unjudged_lines, validate, with_impls, write_jsonl)
     t0 = time.perf_counter()
     try:
         check_outputs(out=out, junit=junit, json=json_out, html=html)
@@ -83,6 +84,6 @@ def gate(
             from harness.report.html import write_report
             write_report([out], html)
     typer.echo(gate_line(verdicts, wall, jobs or default_jobs(), out))
-    for line in unjudged_lines(results):
+    for line in unjudged_lines(results) + port_error_lines(results):
         typer.echo(line, err=True)
-    raise typer.Exit(3 if unjudged_lines(results) else 1 if failed else 0)
+    raise typer.Exit(exit_code(results, bool(failed)))

@@ -169,19 +169,24 @@ def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
     raise typer.Exit(0)
 
 
-# exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's)
-EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3}
+# exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's),
+# 4 when the port under test raised in its own code before anything diverged
+EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3, "port-error": 4}
 
 
 def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
     """One stderr line, distinct per side."""
-    seen = summary.divergent_nodes + summary.stream_mismatches
+    seen = summary.divergent_nodes + summary.nonfinite_padding_rows + summary.stream_mismatches
     before = f"; {seen} divergences recorded before it" if seen else ""
     if crash["side"] == "ddcheck":
         return (f"ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): {crash['error']} at "
                 f"{crash['where']}{before} (records: {path})")
     if crash["side"] == "oracle":
         return f"ddcheck: the oracle raised {crash['error']} at {crash['where']}{before} (records: {path})"
+    if crash["side"] == "port":
+        verdict = "" if before else ": not a divergence, not a pass"
+        return (f"ddcheck: the port under test raised {crash['error']} at {crash['where']} in its own code, under "
+                f"SGLang {crash.get('sglang')}{before}{verdict} (records: {path})")
     return f"ddcheck: the engine under test raised {crash['error']} at {crash['where']}{before} (records: {path})"
 
 

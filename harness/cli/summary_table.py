@@ -21,6 +21,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("divergent nodes", str(summary.divergent_nodes))
     t.add_row("near ties", str(summary.near_ties))
     t.add_row("padding rows seen", str(summary.padding_rows))
+    if summary.nonfinite_padding_rows:
+        t.add_row("non-finite padding rows", f"[red]{summary.nonfinite_padding_rows}[/] (NaN or inf: a divergence)")
     if summary.verdict_rule == "noise-floor":
         r = summary.noise_rule
         t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
@@ -73,6 +75,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.port:   # the audit's evidence on the port's own metadata comes before the localizer's reading
         pt = summary.port
         stubs = f"; server imports stubbed: {', '.join(pt['stubbed_imports'])}" if pt["stubbed_imports"] else ""
+        if pt.get("not_driven"):   # functions the port's worker never calls are not judged
+            stubs += f"; not driven, its worker never calls {', '.join(pt['not_driven'].values())}"
         t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
                                  f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
@@ -84,6 +88,7 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.crash:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
+                          "port-error": "[red]PORT ERROR[/] (the port raised in its own code)",
                           "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
     console.print(t)
     typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut

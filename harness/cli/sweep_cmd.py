@@ -22,11 +22,12 @@ from harness.check.outputs import OutputClaim, RecordStream, check_not_inputs
 from harness.engine.settings import RunSettings, UsageError
 from harness.report.model import describe_first
 from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, job_inputs, run_jobs, short_label, summary_frame,
-                           validate, unjudged_lines, verdict, with_impls, write_jsonl)
+                           validate, unjudged_lines, verdict, with_impls, write_jsonl,
+                           exit_code, port_error_lines)
 
 # the summary table's verdicts (harness.workflows.sweep.verdict); caught is an expected fault, not a failure
 VERDICT_COLOURS = {"pass": "green", "caught": "cyan", "skip": "yellow", "DIVERGE": "red", "MISSED": "red",
-                   "error": "red", "internal-error": "red", "oracle-crash": "red"}
+                   "error": "red", "internal-error": "red", "oracle-crash": "red", "port-error": "red"}
 _BOOLS = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
 
 
@@ -222,13 +223,13 @@ def sweep(
             from harness.report.html import write_report
             write_report([out], html)
             typer.echo(f"report: {html}")
-    unjudged = unjudged_lines(results)
-    for line in unjudged:
+    unjudged, port_errors = unjudged_lines(results), port_error_lines(results)
+    for line in unjudged + port_errors:
         typer.echo(line, err=True)
     failing = sum(not r.passed for r in results)
-    state = "UNJUDGED" if unjudged else "PASS" if not failing else "FAIL"
+    state = "UNJUDGED" if unjudged else "PORT ERROR" if port_errors else "PASS" if not failing else "FAIL"
     typer.echo(f"sweep: {state}: {len(results)} settings, {failing} failing; records {out}")
-    raise typer.Exit(3 if unjudged else 0 if not failing else 1)
+    raise typer.Exit(exit_code(results, failing > 0))
 
 
 def _flag(name: str) -> str:

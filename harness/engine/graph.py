@@ -18,6 +18,7 @@ import torch
 
 from harness.engine.mem.allocator import PADDING_SLOT
 from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch
+from harness.engine.ddtree.mask import kernel_visible
 
 
 @dataclass(frozen=True)
@@ -163,10 +164,12 @@ class GraphRunner:
         if self.options.refill_mask or fresh:
             live = vb.attn.custom_mask.numel()
             end = min(int(st.mask_indptr[-1]), st.custom_mask.numel())
-            st.custom_mask[:live] = vb.attn.custom_mask.to(torch.uint8)
+            # the kernel's reading of the live mask kept through the uint8 buffer (a plain float cast would
+            # turn -inf or 0.5, both visible to the kernel, into 0)
+            st.custom_mask[:live] = kernel_visible(vb.attn.custom_mask).to(torch.uint8)
             st.custom_mask[live:end] = 1  # dummy requests see everything: no empty rows
             if windowed:   # the same layout (window_mask_indptr is mask_indptr): refilled alike
-                st.window_mask[:live] = vb.attn.window_mask.to(torch.uint8)
+                st.window_mask[:live] = kernel_visible(vb.attn.window_mask).to(torch.uint8)
                 st.window_mask[live:end] = 1
         st.replay()
         self.last = Replay(bucket, vb, st.meta, st.input_ids, st.positions, st.logits)

@@ -4,10 +4,10 @@ and why a setting is one the port cannot run.
 Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from harness.ports.audit import Finding
-from harness.ports.protocol import Conventions
+from harness.ports.protocol import Conventions, PortError
 from harness.ports.registry import load_adapter, parse_impl
 from harness.ports.stages import STAGE_FIELDS, AuditLog, PortStages, audit_step, parse_stages, port_pipeline
 from harness.engine.pipeline import Pipeline
@@ -24,6 +24,8 @@ class PortRun:
     label: str                    # FAMILY:PATH as given
     stages: PortStages
     conventions: Conventions
+    not_driven: dict[str, str] = field(default_factory=dict)   # stage -> the function its worker never calls
+    worker: str | None = None     # what the port's worker side calls (WorkerCalls.sentence), None: no worker found
 
     @property
     def log(self) -> AuditLog:
@@ -36,11 +38,14 @@ class PortRun:
         return {"impl": self.label, "family": c.family, "port_stages": list(self.stages.stages),
                 "ddcheck_stages": [s for s in ("build", "compile", "accept", "commit") if s not in self.stages.stages],
                 "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed),
+                "not_driven": dict(self.not_driven), "worker": self.worker,
                 "conventions": {k: v for k, v in asdict(c).items()}}
 
-    def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool) -> list[Finding]:
+    def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool,
+              produced: tuple[str, list[list[bool]]] | None = None) -> list[Finding]:
+        """produced: (backend name, per request and row whether its logits came out finite)."""
         conv = self.conventions if "compile" in self.stages.stages else None
-        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv)
+        audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv, produced)
         self.log.step = step + 1
         return self.log.drain()
 
@@ -50,12 +55,46 @@ def attach_port(s: RunSettings, pipeline: Pipeline, vocab: int) -> tuple[Pipelin
         return pipeline, None
     spec = parse_impl(s.impl)
     adapter = load_adapter(spec)
+    if hasattr(adapter, "model_dtype"):   # a port whose worker hands it the model's dtype gets the run's
+        adapter.model_dtype = s.torch_dtype
     conv = adapter.conventions
-    stages = PortStages(adapter, parse_stages(s.port_stages, conv.stages), AuditLog())
+    driven, not_driven = worker_stages(adapter, parse_stages(s.port_stages, conv.stages), bool(s.port_stages))
+    stages = PortStages(adapter, driven, AuditLog())
     skip = skip_reason(conv, stages.stages, s, vocab) or _fault_overridden(s, pipeline, stages)
     if skip:
         raise SettingSkipped(f"{conv.family} cannot run {s.command()}: {skip}")
-    return port_pipeline(pipeline, stages), PortRun(spec.label, stages, conv)
+    worker = getattr(adapter, "worker", None)
+    return port_pipeline(pipeline, stages), PortRun(spec.label, stages, conv, not_driven,
+                                                    worker.sentence() if worker else None)
+
+
+def check_port_stages(impl: str, port_stages: str | None) -> None:
+    """Before any work: the stages a run would drive exist in the port and run on its deployed
+    path (PortError otherwise). Call after the port's import was tried in a child process."""
+    adapter = load_adapter(parse_impl(impl))
+    requested = parse_stages(port_stages, adapter.conventions.stages)
+    PortStages(adapter, requested, AuditLog())     # a stage the family does not provide
+    worker_stages(adapter, requested, bool(port_stages))
+
+
+def worker_stages(adapter, requested: tuple[str, ...], explicit: bool) -> tuple[tuple[str, ...], dict[str, str]]:
+    """(the stages to drive, {stage: function} left out): never a function the port's worker
+    does not call. Asked for by --port-stages, such a stage is a usage error; by default it is
+    left to ddcheck and said in the summary. A port file with no worker beside it: as asked."""
+    worker = getattr(adapter, "worker", None)
+    if worker is None:
+        return requested, {}
+    unused = worker.unused(dict(adapter.conventions.stage_functions), requested)
+    if unused and explicit:
+        stage, fn = next(iter(unused.items()))
+        raise PortError(f"--port-stages {','.join(requested)}: the port's worker never calls {fn}() (the {stage} "
+                        f"stage); {worker.sentence()}. ddcheck drives only what the deployed path runs: leave "
+                        f"{', '.join(unused)} out of --port-stages")
+    driven = tuple(st for st in requested if st not in unused)
+    if not driven:
+        raise PortError(f"the port's worker calls none of {', '.join(unused.values())}; {worker.sentence()}: "
+                        "no stage of this adapter runs on the deployed path")
+    return driven, unused
 
 
 def _fault_overridden(s: RunSettings, pipeline: Pipeline, stages: PortStages) -> str | None:

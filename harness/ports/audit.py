@@ -21,7 +21,7 @@ SEVERITIES = ("error", "warning")
 
 @dataclass(frozen=True)
 class Finding:
-    check: str        # mask-padding-visible | mask-extra-key | mask-missing-key | mask-prefix-blocked |
+    check: str        # mask-inverted | mask-padding-visible | mask-extra-key | mask-missing-key | mask-prefix-blocked |
                       # padding-row-empty | mask-layout | mask-length | position | input-id |
                       # padding-convention | accept | commit-slot | commit-kv | slot-leak
     severity: str
@@ -50,28 +50,67 @@ def expected_draft_visibility(tree: DraftTree) -> torch.Tensor:
     return vis
 
 
+def mask_encoding(custom_mask: torch.Tensor, limit: int = 4) -> str:
+    """The dtype and the distinct values of a mask as it was handed over, e.g.
+    'bfloat16, values -3.39e+38, 0'."""
+    if custom_mask.dtype == torch.bool:
+        return "bool"
+    vals = torch.unique(custom_mask.detach().cpu().float()).tolist()
+    shown = ", ".join(f"{v:.3g}" for v in vals[:limit]) + (" ..." if len(vals) > limit else "")
+    return f"{str(custom_mask.dtype).removeprefix('torch.')}, values {shown}"
+
+
+def inverted_on_real_rows(block: torch.Tensor, tree: DraftTree, prefix: int) -> bool:
+    """block  # [q_len, prefix+q_len] bool, as the kernel reads it. True when, on the real
+    rows and the real rows' keys, it is exactly the complement of the tree's ancestor
+    mask: each row's root path (itself included) hidden, every other real key visible.
+    Two real rows at least: a root alone would only show its own diagonal hidden."""
+    real = tree.num_rows
+    if real < 2:
+        return False
+    want = expected_draft_visibility(tree)[:, :real]          # [real, real]
+    return bool((block[:real, prefix:prefix + real] == ~want).all())
+
+
+def inversion_sentence(tree: DraftTree, encoding: str) -> str:
+    """What an inverted mask is, measured: one sentence."""
+    n = tree.num_rows
+    return (f"the mask handed over ({encoding}) is the complement of the tree's ancestor mask on all {n} real rows "
+            f"({n * n} of {n * n} (row, key) entries inverted): the kernel keeps custom_mask != 0 as visible, so each "
+            "row sees every real key off its root path and none on it, itself included (an additive bias, 0 = "
+            "visible and a large negative = hidden, handed to custom_mask as it is reads exactly so)")
+
+
 def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Tensor,
-               reads_prefix: bool) -> list[Finding]:
-    """block  # [q_len, prefix+q_len] bool, the request's mask as the kernel reads it."""
+               reads_prefix: bool, encoding: str = "bool", produced: tuple[str, list[bool]] | None = None
+               ) -> list[Finding]:
+    """block  # [q_len, prefix+q_len] bool, the request's mask as the kernel reads it;
+    encoding: the dtype and values the port handed over (mask_encoding);
+    produced: (backend name, per row whether its logits came out finite): a row that
+    sees no key is judged by what that backend produced there."""
     out = []
     n, real = tree.q_len, tree.num_rows
     draft = block[:, prefix:]
     want = expected_draft_visibility(tree)
     got = draft[:real]
+    inverted = inverted_on_real_rows(block, tree, prefix)
+    if inverted:   # the extra and missing keys below are all this one defect
+        out.append(Finding("mask-inverted", "error", step, b, inversion_sentence(tree, encoding),
+                           tuple(range(real))))
     pad_seen = [i for i in range(real) if got[i, real:].any()]
     if pad_seen:
         cols = sorted({int(c) for i in pad_seen for c in (got[i, real:].nonzero().flatten() + real)})
         out.append(Finding("mask-padding-visible", "error", step, b,
                            f"real rows {_span(pad_seen)} see padding columns {_span(cols)} (draft-part keys); "
                            f"real rows must see only their root path", tuple(pad_seen)))
-    extra = [i for i in range(real) if (got[i, :real] & ~want[i, :real]).any()]
+    extra = [] if inverted else [i for i in range(real) if (got[i, :real] & ~want[i, :real]).any()]
     if extra:
         i = extra[0]
         keys = (got[i, :real] & ~want[i, :real]).nonzero().flatten().tolist()
         out.append(Finding("mask-extra-key", "error", step, b,
                            f"rows {_span(extra)} see real keys off their root path (row {i}: keys {_span(keys)}; "
                            f"root path {tree.ancestors(i)})", tuple(extra)))
-    missing = [i for i in range(real) if (want[i, :real] & ~got[i, :real]).any()]
+    missing = [] if inverted else [i for i in range(real) if (want[i, :real] & ~got[i, :real]).any()]
     if missing:
         i = missing[0]
         keys = (want[i, :real] & ~got[i, :real]).nonzero().flatten().tolist()
@@ -86,10 +125,25 @@ def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Ten
                            f"rows {_span(blocked)} block part of the committed prefix{why}", tuple(blocked)))
     empty = [i for i in range(real, n) if not block[i].any()]
     if empty:
-        out.append(Finding("padding-row-empty", "warning", step, b,
-                           f"padding rows {_span(empty)} see no key at all: NaN on a kernel that divides by the "
-                           f"softmax sum (SGLang's Triton kernel writes 0 there)", tuple(empty)))
+        out.append(_empty_rows(step, b, empty, produced))
     return out
+
+
+def _empty_rows(step: int, b: int, empty: list[int], produced: tuple[str, list[bool]] | None) -> Finding:
+    """Padding rows that see no key: an error where the backend in use produced non-finite
+    logits there, a warning where its output stayed finite (SGLang's Triton kernel writes 0)."""
+    head = f"padding rows {_span(empty)} see no key at all"
+    if produced is None:
+        return Finding("padding-row-empty", "warning", step, b, f"{head}: NaN on a kernel that divides by the "
+                       "softmax sum (SGLang's Triton kernel writes 0 there)", tuple(empty))
+    backend, finite = produced
+    nan = [i for i in empty if not finite[i]]
+    if nan:
+        return Finding("padding-row-empty", "error", step, b, f"{head}, and the {backend} backend produced "
+                       f"non-finite logits on rows {_span(nan)} (0/0 in the softmax): the NaN K/V they write "
+                       "reaches the next layer", tuple(empty))
+    return Finding("padding-row-empty", "warning", step, b, f"{head}; the {backend} backend's output stayed finite "
+                   "there, so no logit changes on it (NaN on a kernel that divides by the softmax sum)", tuple(empty))
 
 
 def audit_inputs(step: int, b: int, tree: DraftTree, prefix: int, ids: list[int], pos: list[int]) -> list[Finding]:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from harness.ports.protocol import PortError
 
+# a loaded port's module name starts so (crash attribution tells the port's own frames by it)
+PORT_MODULE_PREFIX = "ddcheck_port_"
 # top-level packages whose submodules may be stubbed when they fail to import
 STUBBABLE = ("sglang", "sgl_kernel", "vllm", "flashinfer", "sgl_kernel_npu")
 
@@ -112,7 +114,7 @@ def load_port_module(path: Path) -> LoadedPort:
     path = Path(path)
     if not path.is_file():
         raise PortError(f"port file {path} does not exist")
-    name = "ddcheck_port_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = PORT_MODULE_PREFIX + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise PortError(f"{path} is not a Python module")

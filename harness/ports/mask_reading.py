@@ -1,9 +1,12 @@
-"""Read a port's mask the way SGLang's server hands it to the kernel.
+"""A port's mask the way SGLang's server hands it to the kernel.
 
 The server computes `mask_indptr` itself (cumsum of q_len * (prefix_b +
-q_len)) and the kernel reads the port's buffer through it, flat. A mask laid
-out any other way (a rectangle, a short buffer) therefore reaches the kernel
-shifted or cut, exactly as in a deployment: nothing here repairs it.
+q_len)) and the kernel reads the port's buffer through it, flat, with the
+dtype and values the port handed over: nothing here reads a meaning into it.
+The kernel keeps `custom_mask != 0` (harness/engine/ddtree/mask.py,
+`kernel_visible`), so an additive bias (0 visible, -inf hidden) reaches it
+inverted, a rectangle or a short buffer shifted or cut: exactly as in a
+deployment.
 
 
 Layer: ports. Imports the engine and below; never faults, check, report, workflows or cli."""
@@ -15,25 +18,14 @@ import torch
 
 from harness.ports.protocol import PortMask
 
-ADDITIVE_VISIBLE_ABOVE = -1.0   # additive masks: 0 visible; hidden values are -1e4 .. -inf
-
 
 @dataclass(frozen=True)
 class KernelMask:
-    custom_mask: torch.Tensor   # [sum_b q_len*(prefix_b+q_len)] bool, what the kernel reads
+    custom_mask: torch.Tensor   # [sum_b q_len*(prefix_b+q_len)] the port's dtype and values, what the kernel reads
     mask_indptr: torch.Tensor   # [bs+1] the server's rule
     port_numel: int             # entries the port's buffer had
     expected_numel: int
-
-
-def allow_bits(mask: PortMask) -> torch.Tensor:
-    """bool, same shape as the port's mask: True = the port means 'visible'."""
-    d = mask.data
-    if mask.meaning == "allow":
-        return d.bool() if d.dtype == torch.bool else d != 0
-    if mask.meaning == "nonzero":
-        return d != 0
-    return d.float() > ADDITIVE_VISIBLE_ABOVE   # additive
+    port_dtype: torch.dtype     # the dtype the port handed over
 
 
 def server_mask_indptr(q_len: int, prefix_lens: list[int]) -> torch.Tensor:
@@ -45,22 +37,23 @@ def kernel_mask(mask: PortMask, q_len: int, prefix_lens: list[int]) -> KernelMas
     """The port's mask as the kernel reads it (flat, through the server's indptr).
 
     A `draft` layout ([bs, q, q], the draft part only, SGLang's QLEN_ONLY
-    shape) is placed into each request's block with the prefix columns
-    visible, as SGLang's FULL_MASK builder fills them.
+    shape) is placed into each request's block with the prefix columns set
+    to 1 (visible to the kernel), as SGLang's FULL_MASK builder fills them;
+    the port's values keep their dtype.
     """
-    bits = allow_bits(mask)
+    data = mask.data.detach().cpu()
     if mask.layout == "draft":
-        bits = bits.reshape(len(prefix_lens), q_len, q_len)
+        data = data.reshape(len(prefix_lens), q_len, q_len)
         blocks = []
         for b, p in enumerate(prefix_lens):
-            block = torch.ones((q_len, p + q_len), dtype=torch.bool)
-            block[:, p:] = bits[b]
+            block = torch.ones((q_len, p + q_len), dtype=data.dtype)
+            block[:, p:] = data[b]
             blocks.append(block.reshape(-1))
-        bits = torch.cat(blocks)
-    flat = bits.reshape(-1).cpu()
+        data = torch.cat(blocks)
+    flat = data.reshape(-1)
     indptr = server_mask_indptr(q_len, prefix_lens)
     expected = int(indptr[-1])
-    out = torch.zeros(expected, dtype=torch.bool)   # a short buffer leaves keys hidden (never invented)
+    out = torch.zeros(expected, dtype=flat.dtype)   # a short buffer leaves keys hidden (never invented)
     n = min(expected, flat.numel())
     out[:n] = flat[:n]
-    return KernelMask(out, indptr, flat.numel(), expected)
+    return KernelMask(out, indptr, flat.numel(), expected, mask.data.dtype)

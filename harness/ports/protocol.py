@@ -22,7 +22,6 @@ from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 
 STAGES = ("build", "compile", "accept", "commit")
-MASK_MEANINGS = ("allow", "nonzero", "additive")   # bool True = visible; != 0 visible; 0 visible, large negative hidden
 MASK_LAYOUTS = ("flat", "rectangle", "draft")       # per-request [q, P_b+q] blocks; [bs, q, max_P+q]; [bs, q, q] draft part only
 
 
@@ -35,13 +34,16 @@ class Conventions:
     budget_counts_root: bool          # True: q_len = budget (root included); False: q_len = budget + 1
     topk_rule: str                    # how K per depth is chosen
     padding: str                      # how padding rows are represented (token, position, parent)
-    mask: str                         # meaning and layout of the mask it hands to the kernel
+    mask: str                         # dtype, values and layout of the mask it hands to the kernel
     stages: tuple[str, ...]           # the stages the port provides
     max_batch: int | None = None      # None: any
     has_padding: bool = True          # False: the port's trees are never padded (beam trees)
     greedy_only: bool = True
     page_size: int = 1
     functions: tuple[str, ...] = ()   # the port's functions the adapter calls
+    # (stage, the port's function that stage calls): a stage whose function the port's worker never
+    # calls is not driven (harness/ports/worker_calls.py)
+    stage_functions: tuple[tuple[str, str], ...] = ()
     # the declared padding-row inputs, audited every step: token ("zero" | "root") and
     # position ("prefix": the root's, "zero"); None: not declared
     padding_token: str | None = None
@@ -76,15 +78,16 @@ class BuiltTrees:
 
 @dataclass(frozen=True)
 class PortMask:
-    """The mask exactly as the port would hand it to SGLang."""
+    """The mask exactly as the port would hand it to SGLang: its dtype and values
+    reach the kernel untouched and are read as the kernel reads them (nonzero =
+    visible); no adapter says what the port meant by them."""
 
     data: torch.Tensor                # any dtype, any shape
-    meaning: str                      # one of MASK_MEANINGS
-    layout: str                       # one of MASK_LAYOUTS
+    layout: str                       # one of MASK_LAYOUTS: how the port laid it out (the kernel reads it flat)
 
     def __post_init__(self) -> None:
-        if self.meaning not in MASK_MEANINGS or self.layout not in MASK_LAYOUTS:
-            raise ValueError(f"mask meaning {self.meaning!r} / layout {self.layout!r} unknown")
+        if self.layout not in MASK_LAYOUTS:
+            raise ValueError(f"mask layout {self.layout!r} unknown; one of {MASK_LAYOUTS}")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from harness.ports.audit import (Finding, audit_acceptance, audit_commit, audit_inputs, audit_layout,
-                                 audit_mask, audit_padding_inputs)
+                                 audit_mask, audit_padding_inputs, mask_encoding)
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import STAGES, PortAdapter, PortError
 from harness.ports.serving_state import ServingState
@@ -22,6 +22,7 @@ from harness.engine.pipeline import Pipeline
 from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch
+from harness.engine.ddtree.mask import kernel_visible
 
 
 @dataclass
@@ -112,14 +113,17 @@ class PortStages:
 
 def audit_step(log: AuditLog, step: int, vb: VerifyBatch, trees: list[DraftTree],
                acceptances: list[Acceptance], predicts: list[list[int]], reads_prefix: bool,
-               conventions=None) -> None:
+               conventions=None, produced: tuple[str, list[list[bool]]] | None = None) -> None:
     """Mask, inputs and acceptance of one verify step, whoever built them; padding
-    inputs against the port's declared convention when its compile ran."""
-    mask, indptr, q = vb.attn.custom_mask.cpu().bool(), vb.attn.mask_indptr.tolist(), vb.q_len
+    inputs against the port's declared convention when its compile ran; produced:
+    (backend name, per request and row whether the logits came out finite)."""
+    mask, indptr, q = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
+    encoding = mask_encoding(vb.attn.custom_mask)
     ids, pos = vb.input_ids.tolist(), vb.positions.tolist()
     for b, (tree, prefix) in enumerate(zip(trees, vb.seq_lens.tolist())):
         block = mask[indptr[b]:indptr[b] + q * (prefix + q)].view(q, prefix + q)  # [q_len, prefix+q_len]
-        log.add(audit_mask(step, b, tree, prefix, block, reads_prefix))
+        rows = None if produced is None else (produced[0], produced[1][b])
+        log.add(audit_mask(step, b, tree, prefix, block, reads_prefix, encoding, rows))
         log.add(audit_inputs(step, b, tree, prefix, ids[b * q:(b + 1) * q], pos[b * q:(b + 1) * q]))
         log.add(audit_acceptance(step, b, tree, predicts[b], acceptances[b]))
         if conventions is not None:

@@ -85,7 +85,7 @@ FIELD_TYPES = {
     "*": {"kind": (str,), "setting": (str, type(None)), "run": (str, type(None))},
     "summary": {"passed": (bool, type(None)), "first": (dict, type(None)), "settings": (dict, type(None)),
                 "notes": (list, type(None)), "nodes_checked": _INT, "divergent_nodes": _INT, "near_ties": _INT,
-                "padding_rows": _INT, "max_rel_err": _NUM, "tolerance": _NUM, "fault_class": (str, type(None)),
+                "padding_rows": _INT, "nonfinite_padding_rows": _INT, "max_rel_err": _NUM, "tolerance": _NUM, "fault_class": (str, type(None)),
                 "explanation": (str, type(None)), "expect_fault": (str, type(None)), "error": (str, type(None)),
                 "acceptance_by_depth": (list, type(None)), "mean_accepted_length": _NUM,
                 "skipped": (str, type(None)), "acceptance_shortfall": (str, type(None))},

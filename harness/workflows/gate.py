@@ -73,7 +73,9 @@ def judge(jobs: list[SettingJob], results: list[SettingResult]) -> list[Verdict]
             continue
         if job.expect_fault is None:
             passed, msg = r.passed, ""
-            if not r.passed:
+            if r.summary.get("verdict") == "port-error":   # not a divergence: the port's own code raised
+                msg = f"port error: {(r.summary.get('crash') or {}).get('sentence')}"
+            elif not r.passed:
                 msg = f"diverged: {first}" + (f"; {explanation}" if explanation else "")
             elif r.summary.get("acceptance_shortfall"):   # run_job wrote the baseline's verdict into the record
                 passed, msg = False, f"acceptance: {r.summary['acceptance_shortfall']}"

@@ -73,8 +73,8 @@ def verdict(job: SettingJob, r: SettingResult) -> str:
     caught (diverged and named as its catalog entry says) | MISSED."""
     if r.usage_error:
         return "error"
-    if r.summary.get("verdict") in ("internal-error", "oracle-crash"):
-        return r.summary["verdict"]   # ddcheck could not judge this setting
+    if r.summary.get("verdict") in ("internal-error", "oracle-crash", "port-error"):
+        return r.summary["verdict"]   # ddcheck could not judge this setting, or the port raised in its own code
     if r.summary.get("skipped"):
         return "skip"
     if job.expect_fault:
@@ -92,6 +92,24 @@ def unjudged_lines(results: list["SettingResult"]) -> list[str]:
             who = "internal error (a bug in ddcheck)" if crash.get("side") == "ddcheck" else "the oracle raised"
             out.append(f"ddcheck: {who}: {crash.get('error')} at {crash.get('where')} (setting: {r.setting})")
     return out
+
+
+def port_error_lines(results: list["SettingResult"]) -> list[str]:
+    """One line per setting whose port raised in its own code before anything
+    diverged: a sweep or gate with any (and none unjudged) exits 4."""
+    out = []
+    for r in results:
+        crash = r.summary.get("crash") or {}
+        if r.summary.get("verdict") == "port-error":
+            out.append(f"ddcheck: the port under test raised {crash.get('error')} at {crash.get('where')} in its own "
+                       f"code, under SGLang {crash.get('sglang')} (setting: {r.setting})")
+    return out
+
+
+def exit_code(results: list["SettingResult"], failed: bool) -> int:
+    """3 when a setting could not be judged (ddcheck's or the oracle's raise), else 4 when
+    a port raised in its own code, else 1 on any failure, else 0."""
+    return 3 if unjudged_lines(results) else 4 if port_error_lines(results) else 1 if failed else 0
 
 
 @dataclass(frozen=True)
@@ -209,6 +227,7 @@ def validate(jobs: list[SettingJob]) -> None:
     from harness.engine.attn import make_backend
     from harness.workflows.cases import model_vocab
     from harness.engine.model.presets import PRESETS, check_checkpoint, model_dir
+    from harness.ports.attach import check_port_stages
     from harness.ports.import_check import check_port_imports
     prepare_environment()
     for backend, device, dtype in {(j.settings.backend, j.settings.device, j.settings.dtype) for j in jobs}:
@@ -219,6 +238,8 @@ def validate(jobs: list[SettingJob]) -> None:
     for j in jobs:
         check_vocabulary(j, vocab[j.settings.model])
     check_port_imports(j.settings.impl for j in jobs)
+    for impl, port_stages in dict.fromkeys((j.settings.impl, j.settings.port_stages) for j in jobs if j.settings.impl):
+        check_port_stages(impl, port_stages)
 
 
 def check_vocabulary(job: SettingJob, vocab: int) -> None:

@@ -43,7 +43,7 @@ def test_faithful_port_passes(family, setting):
 
 # (fixture, settings, the audit check that must name it)
 PLANTED = [
-    ("padding_visible_additive", dict(budget=16, topk=1, batch=2), "mask-padding-visible"),
+    ("padding_visible", dict(budget=16, topk=1, batch=2), "mask-padding-visible"),
     ("rectangle_mask", dict(budget=16, topk=2, batch=2), "mask-layout"),
     ("count_nonzero_tokens", dict(budget=16, topk=1, batch=2, max_new_tokens=12), "mask-missing-key"),
     ("chain_accept", dict(budget=16, topk=2, batch=2, max_new_tokens=12), "accept"),
@@ -81,7 +81,7 @@ def test_fully_masked_padding_rows_are_a_warning_on_sglang_and_strict_fails():
 def test_seed_command_on_a_port_exits_with_verdicts_not_a_traceback(tmp_path):
     """The issue's command: per-node verdicts and the audit, exit 0 or 1."""
     out = tmp_path / "r.jsonl"
-    for fixture, code in (("faithful", 0), ("padding_visible_additive", 1)):
+    for fixture, code in (("faithful", 0), ("padding_visible", 1)):
         r = CliRunner().invoke(app, ["run", "--impl", f"ddtree-utils:{FIX / 'ddtree_utils' / (fixture + '.py')}",
                                      "--budget", "16", "--topk", "1", "--no-cuda-graph", "--backend", "torch",
                                      "--max-new-tokens", "8", "--out", str(out)], env={"COLUMNS": "200"})
@@ -99,7 +99,7 @@ def test_seed_command_on_a_port_exits_with_verdicts_not_a_traceback(tmp_path):
 def test_port_stages_mix_ddcheck_and_port_stages():
     """ddcheck's tree handed to the port's compile: --topk 1 reaches a port whose
     own builder would choose its own K (the first public version of the lineage)."""
-    summary, _ = _run(f"ddtree-utils:{FIX / 'ddtree_utils' / 'padding_visible_additive.py'}", budget=16, topk=1,
+    summary, _ = _run(f"ddtree-utils:{FIX / 'ddtree_utils' / 'padding_visible.py'}", budget=16, topk=1,
                       port_stages="compile")
     assert summary.port["port_stages"] == ["compile"] and summary.port["ddcheck_stages"] == ["build", "accept", "commit"]
     assert not summary.passed and summary.first_finding.startswith("mask-padding-visible")
@@ -119,3 +119,12 @@ def test_bad_impl_is_a_one_line_usage_error(tmp_path):
         r = CliRunner().invoke(app, ["run", "--impl", impl, "--backend", "torch"])
         assert r.exit_code == 2 and msg in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
+
+
+def test_fully_masked_padding_rows_are_an_error_where_the_backend_produces_nan():
+    """The same port on the torch backend: 0/0 there is NaN, so the finding is an error."""
+    summary, records = _run(f"ddtree-utils:{FIX / 'ddtree_utils' / 'padding_rows_masked.py'}", budget=16, topk=1,
+                            batch=1, max_new_tokens=4)
+    empty = [r for r in records if r["kind"] == "audit" and r["check"] == "padding-row-empty"]
+    assert not summary.passed and empty and all(r["severity"] == "error" for r in empty)
+    assert summary.nonfinite_padding_rows > 0 and summary.divergent_nodes <= summary.nodes_checked

@@ -156,3 +156,52 @@ def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
     assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"
     (line,) = unjudged_lines([r])
     assert line.startswith("ddcheck: internal error") and "harness/check/differential.py:" in line
+
+
+def _port_raising(tmp_path, body: str):
+    """A port file ddcheck loads as it loads any port, with one function `build` that runs `body`."""
+    from harness.ports.loading import load_port_module
+    f = tmp_path / "port_utils.py"
+    f.write_text("def helper(x):\n    return x['missing']\n\n\ndef build():\n" + body + "\n")
+    return f, load_port_module(f).module
+
+
+@pytest.mark.parametrize("body, error", [
+    ("    import os\n    return int(os.environ['DDCHECK_TEST_NO_SUCH_VARIABLE'])", "KeyError"),
+    ("    from sglang.srt.no_such_module_moved_away import thing\n    return thing", "ModuleNotFoundError"),
+    ("    return helper({})", "KeyError"),
+])
+def test_a_raise_in_the_ports_own_code_is_the_ports_with_its_line_and_sglang(tmp_path, body, error):
+    """A missing environment variable, a moved import, a raise in a helper of the port: the
+    port's side, at the port's file:line (not the adapter's), naming the installed SGLang."""
+    from harness.check.crash import installed_sglang
+    f, mod = _port_raising(tmp_path, body)
+    try:
+        mod.build()
+    except Exception as e:  # noqa: BLE001
+        crash = attribute(e, step=None)
+    assert crash.side == "port" and crash.error.startswith(error)
+    assert crash.where.startswith(f"{f}:") and crash.sglang == installed_sglang()
+    assert f"under SGLang {installed_sglang()}" in crash.sentence()
+
+
+def test_a_port_error_is_its_own_verdict_not_a_divergence_nor_a_pass(tmp_path):
+    from harness.check.summary import CheckSummary
+    from harness.workflows.sweep import exit_code
+    f, mod = _port_raising(tmp_path, "    return helper({})")
+    try:
+        mod.build()
+    except Exception as e:  # noqa: BLE001
+        crash = attribute(e)
+    s = CheckSummary(setting="x", crash=crash.brief(), error=crash.error)
+    assert s.verdict == "port-error" and not s.passed
+    s.divergent_nodes, s.nodes_checked = 1, 3          # a divergence before the raise stays the verdict
+    assert s.verdict == "diverge"
+    assert cli.run_cmd.EXIT_CODES["port-error"] == 4 and list(cli.run_cmd.EXIT_CODES.values()).count(4) == 1
+
+    class R:   # a sweep's result row, as exit_code reads it
+        def __init__(self, verdict):
+            self.summary, self.setting = {"verdict": verdict, "crash": crash.brief()}, "s"
+    assert exit_code([R("pass"), R("port-error")], failed=True) == 4
+    assert exit_code([R("internal-error"), R("port-error")], failed=True) == 3
+    assert exit_code([R("pass"), R("diverge")], failed=True) == 1

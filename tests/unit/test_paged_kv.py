@@ -238,6 +238,6 @@ def test_a_ports_own_commit_is_skipped_at_page_size_above_1():
 
 def test_a_ports_padding_leak_is_caught_over_paged_kv():
     s = replace(BASE, batch=1, topk=1, page_size=16, port_stages="build,compile,accept",
-                impl=f"ddtree-utils:{PORTS / 'ddtree_utils/padding_visible_additive.py'}")
+                impl=f"ddtree-utils:{PORTS / 'ddtree_utils/padding_visible.py'}")
     summary = check(prepare(s), RecordWriter(None))
     assert not summary.passed and summary.fault_class == "padding-leak"

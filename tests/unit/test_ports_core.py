@@ -11,7 +11,7 @@ from harness.ports.loading import load_port_module, require
 from harness.ports.mask_reading import kernel_mask
 from harness.ports.protocol import PortError, PortMask
 from harness.engine.ddtree.accept import Acceptance
-from harness.engine.ddtree.mask import request_mask_block
+from harness.engine.ddtree.mask import kernel_visible, request_mask_block
 from harness.engine.ddtree.tree import DraftTree
 
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)      # 2 drafts, 2 padding rows
@@ -49,13 +49,56 @@ def test_loader_errors_are_one_line(tmp_path):
         load_port_module(tmp_path / "nope.py")
 
 
-def test_additive_mask_reads_zero_as_visible():
+def test_a_mask_reaches_the_kernel_with_the_ports_dtype_and_values():
+    """No intent reading: an additive bias keeps its dtype and values, and the
+    kernel's rule (nonzero = visible) reads it inverted; 0/7 uint8 reads as 0/1."""
     block = request_mask_block(CHAIN, 3)                                    # [5, 8]
-    additive = torch.where(block, 0.0, float("-inf"))
-    km = kernel_mask(PortMask(additive, "additive", "flat"), 5, [3])
-    assert torch.equal(km.custom_mask, block.reshape(-1))
-    km = kernel_mask(PortMask(block.to(torch.uint8) * 7, "nonzero", "flat"), 5, [3])
-    assert torch.equal(km.custom_mask, block.reshape(-1))
+    additive = torch.where(block, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16)
+    km = kernel_mask(PortMask(additive, "flat"), 5, [3])
+    assert km.custom_mask.dtype == torch.bfloat16 and torch.equal(km.custom_mask, additive.reshape(-1))
+    assert torch.equal(kernel_visible(km.custom_mask), ~block.reshape(-1))
+    km = kernel_mask(PortMask(block.to(torch.uint8) * 7, "flat"), 5, [3])
+    assert torch.equal(kernel_visible(km.custom_mask), block.reshape(-1))
+
+
+def test_kernel_visible_is_sglangs_nonzero_rule():
+    mask = torch.tensor([0.0, 1.0, -float("inf"), float("nan"), 0.5, -0.0])
+    assert kernel_visible(mask).tolist() == [False, True, True, True, True, False]
+    assert kernel_visible(torch.tensor([True, False])).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("backend", ["torch", "sglang-triton", "sglang-unified"])
+def test_every_backend_reads_an_additive_mask_inverted(backend):
+    """The same bf16 additive mask on each backend: the output equals that of the
+    complement mask handed over as bool, on the kernel's own arithmetic."""
+    from harness.engine.attn.registry import make_backend
+    from harness.engine.ddtree.verify_inputs import AttnMetadata
+    if backend != "torch":
+        pytest.importorskip("sglang")
+    be = make_backend(backend, "cpu", torch.float32)
+    tree, p = BRANCH, 3
+    allow = request_mask_block(tree, p)                                     # [4, 7]
+    additive = torch.where(allow, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16).reshape(-1)
+    g = torch.Generator().manual_seed(0)
+    n, heads, d, slots = tree.q_len, 2, 16, 16
+    q, k, v = (torch.randn(n, heads, d, generator=g) for _ in range(3))
+    kb, vb = torch.randn(slots, heads, d, generator=g), torch.randn(slots, heads, d, generator=g)
+    loc = torch.arange(p, p + n)
+    kb[loc], vb[loc] = k, v
+
+    def meta(mask):
+        return AttnMetadata(qo_indptr=torch.tensor([0, n]), kv_indptr=torch.tensor([0, p]),
+                            kv_indices=torch.arange(p), out_cache_loc=loc, custom_mask=mask,
+                            mask_indptr=torch.tensor([0, n * (p + n)]), max_len_extend=n)
+    complement = ~allow
+    complement[:, :p] = True     # the kernel under skip_prefix never reads these; make every backend agree
+    additive_prefix_visible = additive.clone().view(n, p + n)
+    additive_prefix_visible[:, :p] = 1.0
+    got = be.forward(q, k, v, 0, kb, vb, meta(additive_prefix_visible.reshape(-1)))
+    want = be.forward(q, k, v, 0, kb, vb, meta(complement.reshape(-1)))
+    assert torch.allclose(got, want, atol=1e-5)
+    right = be.forward(q, k, v, 0, kb, vb, meta(allow.reshape(-1)))
+    assert not torch.allclose(got, right, atol=1e-3)
 
 
 def test_rectangle_reaches_the_kernel_shifted_for_unequal_prefixes():
@@ -66,7 +109,7 @@ def test_rectangle_reaches_the_kernel_shifted_for_unequal_prefixes():
     for b, p in enumerate(prefixes):
         rect[b, :, :p] = True
         rect[b, :, 4:] = request_mask_block(CHAIN, p)[:, p:]
-    km = kernel_mask(PortMask(rect, "allow", "rectangle"), q, prefixes)
+    km = kernel_mask(PortMask(rect, "rectangle"), q, prefixes)
     ip = km.mask_indptr.tolist()
     assert torch.equal(km.custom_mask[:ip[1]], request_mask_block(CHAIN, 4).reshape(-1))
     assert not torch.equal(km.custom_mask[ip[1]:ip[2]], request_mask_block(CHAIN, 2).reshape(-1))
@@ -75,7 +118,7 @@ def test_rectangle_reaches_the_kernel_shifted_for_unequal_prefixes():
 
 def test_short_mask_hides_keys_and_is_counted():
     block = request_mask_block(CHAIN, 3).reshape(-1)
-    km = kernel_mask(PortMask(block[:-6], "allow", "flat"), 5, [3])
+    km = kernel_mask(PortMask(block[:-6], "flat"), 5, [3])
     assert km.port_numel == block.numel() - 6 and not km.custom_mask[-6:].any()
 
 
@@ -135,3 +178,26 @@ def test_loader_registers_the_module_while_it_runs(tmp_path):
     f = tmp_path / "port.py"
     f.write_text("from dataclasses import dataclass\n@dataclass\nclass Tree:\n    n: int\n")
     assert load_port_module(f).module.Tree(3).n == 3
+
+
+def test_audit_names_an_inverted_mask_once_and_only_when_every_real_entry_is_flipped():
+    block = request_mask_block(BRANCH, 2)                   # [4, 6]
+    inverted = block.clone()
+    inverted[:, 2:] = ~block[:, 2:]
+    found = audit_mask(0, 0, BRANCH, 2, inverted, reads_prefix=False, encoding="bfloat16, values -3.39e+38, 0")
+    assert [f.check for f in found] == ["mask-inverted"]
+    assert "bfloat16" in found[0].detail and "16 of 16" in found[0].detail
+    almost = inverted.clone()
+    almost[3, 2 + 3] = True                                 # one real entry as the tree says: not the complement
+    assert "mask-inverted" not in [f.check for f in audit_mask(0, 0, BRANCH, 2, almost, reads_prefix=False)]
+
+
+def test_a_row_that_sees_no_key_is_judged_by_what_the_backend_produced():
+    block = request_mask_block(CHAIN, 3)
+    block[4].fill_(False)                                   # padding row 4 sees nothing
+    finite = [True] * 5
+    (warn,) = audit_mask(0, 0, CHAIN, 3, block, reads_prefix=True, produced=("sglang-triton", finite))
+    assert (warn.check, warn.severity) == ("padding-row-empty", "warning") and "stayed finite" in warn.detail
+    nan = finite[:4] + [False]
+    (err,) = audit_mask(0, 0, CHAIN, 3, block, reads_prefix=True, produced=("torch", nan))
+    assert (err.check, err.severity) == ("padding-row-empty", "error") and "torch backend produced non-finite" in err.detail

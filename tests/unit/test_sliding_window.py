@@ -234,6 +234,6 @@ def test_a_window_is_folded_onto_a_ports_mask_by_its_positions(backend):
 
 
 def test_a_ports_padding_leak_is_still_caught_under_a_window():
-    summary = run(backend="torch", impl=f"{PORT}/padding_visible_additive.py", sliding_window=8, topk=1, budget=16,
+    summary = run(backend="torch", impl=f"{PORT}/padding_visible.py", sliding_window=8, topk=1, budget=16,
                   max_new_tokens=12)
     assert not summary.passed and summary.fault_class == "padding-leak"

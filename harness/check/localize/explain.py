@@ -36,6 +36,7 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
 CATALOG_CLASSES += ("kv-compaction-permuted", "branch-shared-tail")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("window-mask",   # the sliding layers' mask breaks the window rule, no single pattern
+                    "inverted-mask",  # the mask as the kernel reads it is the complement of the ancestor mask
                     "mask-visibility", "kv-indices", "input-tokens", "input-order", "accept-mismatch", "wrong-kv", "kv-provenance",
                     "sinks-dropped", "softcap-dropped", "unknown")
 CLASSES = CATALOG_CLASSES + MEASURED_CLASSES
@@ -98,6 +99,7 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("graph", "kv_indices", ""): "stale-kv-indices",
          ("graph", "max_kv_len", "stale-scalar"): "stale-graph-scalar",
          ("build_mask", "custom_mask", "padding-leak"): "padding-leak",
+         ("build_mask", "custom_mask", "inverted"): "inverted-mask",
          ("build_mask", "custom_mask", "padding-empty"): "fully-masked-row",
          ("build_mask", "custom_mask", "row-stride"): "mask-shift",
          ("build_mask", "mask_indptr", "rectangle"): "batch-mask-layout",
@@ -221,6 +223,12 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> Cause:
     roles = d.key_roles
     changes = visibility_changes(d)
     quantity = "the verify mask (effective visibility)"
+    inverted = _inverted_pairs(d, ev.num_rows)
+    if inverted:
+        return Cause("inverted-mask", quantity, "mask",
+                     f"the mask probe measured the visibility the kernel applied as the complement of the tree's "
+                     f"ancestor mask on every real row ({inverted} of {inverted} (row, key) pairs of the real rows): "
+                     f"each row sees exactly the keys off its root path; {changes}")
     if d.leaked and not d.blocked and all(roles[c].startswith("padding") for _, c in d.leaked):
         return Cause("padding-leak", quantity, "mask", f"{_leak_sentence(ev, d)}; {changes}")
     other = _other_requests_tree(ev, d)
@@ -248,6 +256,16 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> Cause:
                      f"the applied mask is the tree's mask moved by {s} elements along the flat buffer the kernel "
                      f"reads{empty}; {changes}")
     return Cause("mask-visibility", quantity, "mask", f"{changes}{empty}")
+
+
+def _inverted_pairs(d: MaskDiff, real: int) -> int:
+    """real x real when the applied visibility on the real rows' draft keys is the
+    exact complement of the expected one (two real rows at least); else 0."""
+    p = d.prefix_len
+    if real < 2:
+        return 0
+    got, want = d.effective[:real, p:p + real], d.expected[:real, p:p + real]   # [real, real] bool
+    return real * real if bool((got == ~want).all()) else 0
 
 
 def _other_requests_tree(ev: Evidence, d: MaskDiff) -> MaskDiff | None:

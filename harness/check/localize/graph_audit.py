@@ -12,6 +12,7 @@ import torch
 
 from harness.check.localize.wrong import Wrong, excerpt
 from harness.engine.mem.allocator import PADDING_SLOT
+from harness.engine.ddtree.mask import kernel_visible
 
 
 def audit_graph(replay, req_to_token: torch.Tensor, step: int) -> list[Wrong]:
@@ -70,9 +71,9 @@ def _live_len(name: str, bs: int, n: int, kv: int) -> int:
 def _against_eager(eager_mask: torch.Tensor, static_mask: torch.Tensor, need: int):
     """excerpt() of a graph's static mask (its first `need` elements) against the
     eager mask followed by the batch-padding dummies' all-ones blocks."""
-    eager = eager_mask.cpu().bool()
+    eager = kernel_visible(eager_mask.cpu())
     want = torch.cat([eager, torch.ones(need - eager.numel(), dtype=torch.bool)])
-    return excerpt(want.int(), static_mask.cpu().bool()[:need].int())
+    return excerpt(want.int(), kernel_visible(static_mask.cpu())[:need].int())
 
 
 def _window_mask(replay, step: int) -> list[Wrong]:

@@ -17,6 +17,8 @@ from harness.check.localize.audits import ranges
 from harness.check.localize.mask_probe import ancestor_mask
 from harness.check.localize.roles import role_diff, role_sentence, slot_owner
 from harness.check.localize.wrong import Wrong, excerpt
+from harness.engine.ddtree.mask import kernel_visible
+from harness.ports.audit import inversion_sentence, inverted_on_real_rows, mask_encoding
 
 
 def audit_round(engine, result, oracle) -> list[Wrong]:
@@ -114,7 +116,7 @@ def _mask(engine, result, trees, seq, mask_indptr) -> list[Wrong]:
     if a.custom_mask is None:
         return out + [Wrong(step, stage, "custom_mask", None, None, "a tree mask", None, 1,
                             "the verify batch carries no custom mask: the kernel runs causal attention")]
-    flat = a.custom_mask.cpu().bool()
+    flat = kernel_visible(a.custom_mask.cpu())
     reads_prefix = "prefix" in engine.backend.mask_regions
     for b, (t, p) in enumerate(zip(trees, seq)):
         rid = result.requests[b].rid
@@ -136,13 +138,16 @@ def _mask(engine, result, trees, seq, mask_indptr) -> list[Wrong]:
             continue
         diff = role_diff(want, got, t, p, judged)
         rows = sorted({r for r, _ in bad.nonzero().tolist()})
+        inverted = inverted_on_real_rows(got, t, p)
         text = f"request {rid}: the custom mask block (rows at stride prefix {p} + q_len {n}) " + (
+            f"is inverted: {inversion_sentence(t, mask_encoding(a.custom_mask))}" if inverted else
             f"differs from the ancestor mask: {role_sentence(diff)}" if rows else "")
         if empty:
             text += ("; " if rows else "") + f"padding rows {ranges(empty)} see no key at all"
         out.append(Wrong(step, stage, "custom_mask", rid, rows[0] if rows else empty[0],
                          {"rows": rows, "lost": diff["lost"]}, {"rows": rows, "gained": diff["gained"]},
-                         int(bad.sum()) + len(empty), text, _mask_hint(diff, empty, got, want, judged, t, p)))
+                         int(bad.sum()) + len(empty), text,
+                         "inverted" if inverted else _mask_hint(diff, empty, got, want, judged, t, p)))
     return out
 
 
@@ -168,7 +173,7 @@ def _mask_stage(engine, trees, seq, a) -> str:
     except Exception:  # noqa: BLE001  (a port's stage may not run standalone: the batch stage decides)
         return "build_verify_batch"
     same = (a.custom_mask is not None and a.mask_indptr is not None
-            and torch.equal(mask.cpu().bool(), a.custom_mask.cpu().bool())
+            and torch.equal(kernel_visible(mask.cpu()), kernel_visible(a.custom_mask.cpu()))
             and torch.equal(indptr.cpu(), a.mask_indptr.cpu()))
     return "build_mask" if same else "build_verify_batch"
 

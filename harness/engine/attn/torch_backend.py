@@ -10,6 +10,7 @@ import torch
 
 from harness.engine.attn.base import PLAIN, LayerAttention
 from harness.engine.ddtree.verify_inputs import AttnMetadata
+from harness.engine.ddtree.mask import kernel_visible
 
 
 class TorchBackend:
@@ -50,7 +51,7 @@ def _request_mask(meta: AttnMetadata, b: int, prefix: int, n: int) -> torch.Tens
     # pointer arithmetic, as the kernel does: a mask declared shorter than
     # mask_indptr says is read past its end (into the rest of its storage)
     flat = meta.custom_mask
-    return torch.as_strided(flat, (n, stride), (stride, 1), flat.storage_offset() + start).bool()
+    return kernel_visible(torch.as_strided(flat, (n, stride), (stride, 1), flat.storage_offset() + start))
 
 
 def _attend(q, keys, vals, allowed, layer_attn: LayerAttention = PLAIN) -> torch.Tensor:

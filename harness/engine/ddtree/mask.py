@@ -9,6 +9,16 @@ import torch
 from harness.engine.ddtree.tree import DraftTree
 
 
+def kernel_visible(custom_mask: torch.Tensor) -> torch.Tensor:
+    """What SGLang's extend kernels keep of a custom mask: `custom_mask != 0`
+    (any dtype; a NaN is nonzero, so visible). bool, custom_mask's shape.
+
+    The one reading of a mask every backend, audit and probe shares: a mask
+    reaches the kernel with the dtype and values its producer handed over, and
+    no one gives it another meaning (an additive 0 / -inf bias reads inverted)."""
+    return custom_mask if custom_mask.dtype == torch.bool else custom_mask != 0
+
+
 def tree_visibility(tree: DraftTree) -> torch.Tensor:
     """draft-part visibility  # [q_len, q_len] bool, True = row may attend key.
 

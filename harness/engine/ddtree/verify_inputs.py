@@ -22,7 +22,7 @@ class AttnMetadata:
     kv_indptr: torch.Tensor      # [bs+1] start of each request's prefix in kv_indices
     kv_indices: torch.Tensor     # [sum prefix] KV slots of the committed prefixes
     out_cache_loc: torch.Tensor  # [num_rows] slot each query row writes its K/V to
-    custom_mask: torch.Tensor | None  # flat bool blocks; None = causal (prefill)
+    custom_mask: torch.Tensor | None  # flat blocks, any dtype, nonzero = visible (mask.kernel_visible); None = causal
     mask_indptr: torch.Tensor | None  # [bs+1]
     max_len_extend: int
     # a host scalar bounding the prefix loop (flash-attention's max_seqlen_k, a split-KV kernel's tile

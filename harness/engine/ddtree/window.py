@@ -20,6 +20,7 @@ from dataclasses import replace
 import torch
 
 from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch
+from harness.engine.ddtree.mask import kernel_visible
 
 
 def window_keep(row_pos: torch.Tensor, prefix_len: int, window: int) -> torch.Tensor:
@@ -54,7 +55,7 @@ def with_window(meta: AttnMetadata, positions: torch.Tensor, window: int,
         base, indptr = causal_blocks(meta)
     else:
         base, indptr = meta.custom_mask, meta.mask_indptr
-    out = base.to("cpu", copy=True).bool()                       # [flat]
+    out = kernel_visible(base.to("cpu", copy=True))                       # [flat]
     qo, kvp, starts = meta.qo_indptr.tolist(), meta.kv_indptr.tolist(), indptr.tolist()
     pos = positions.cpu()
     for b in range(meta.batch_size):

@@ -32,6 +32,7 @@ import torch
 from harness.ports.loading import load_port_module, parameters, require
 from harness.ports.protocol import BuiltTrees, CommitResult, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family, find_in_checkout
+from harness.ports.worker_calls import worker_calls
 from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 
@@ -44,11 +45,13 @@ CONVENTIONS = Conventions(
     budget_counts_root=False,
     topk_rule="K = the last dim of draft_top_log_probs (the run's --topk); logits versions: min(budget, vocab)",
     padding="token 0 at position prefix (depth 0), parent -1; each padding row sees only its own diagonal",
-    mask="allow-bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
-         "rectangle, additive 0 / -max, then 1.0 / 0.0)",
+    mask="bool, flat per-request [q, prefix+q] blocks (first versions: a float [bs, q, max_prefix+q] "
+         "rectangle, an additive 0 / -max bias, then 1.0 / 0.0); handed to the kernel as is (nonzero = visible)",
     stages=("build", "compile", "accept", "commit"),
     padding_token="zero", padding_position="prefix",
     functions=("build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree", "compact_ddtree_kv_cache"),
+    stage_functions=(("build", "build_ddtree_tree"), ("compile", "compile_ddtree_tree"),
+                     ("accept", "follow_verified_tree"), ("commit", "compact_ddtree_kv_cache")),
 )
 
 
@@ -77,21 +80,16 @@ def native_tree(trees: list[DraftTree], budget: int):
     return ids, depths, parents, vis, torch.tensor([t.num_rows for t in trees], dtype=torch.long)
 
 
-def float_mask_meaning(mask: torch.Tensor) -> str:
-    """How a version means its mask: bool allows; a float mask with large negatives is
-    additive (0 visible, the first versions); a float 0/1 mask allows where nonzero
-    (the versions that fed SGLang's Triton kernel 1.0 / 0.0)."""
-    if not mask.is_floating_point():
-        return "allow"
-    return "additive" if bool((mask < -1.0).any()) else "nonzero"
-
-
 class DDTreeUtils:
     conventions = CONVENTIONS
 
     def __init__(self, path: Path) -> None:
         loaded = load_port_module(find_in_checkout(path, IN_CHECKOUT))
         self.path, self.mod, self.stubbed = loaded.path, loaded.module, loaded.stubbed
+        self.worker = worker_calls(self.path)   # what the checkout's worker side calls (None: no worker beside it)
+        # the dtype the worker hands a compile that takes one (the model's: the seed's worker passed
+        # torch.bfloat16); attach_port sets the run's
+        self.model_dtype = torch.float32
         self.fn_build, self.fn_compile, self.fn_follow = require(
             self.mod, self.path, "build_ddtree_tree", "compile_ddtree_tree", "follow_verified_tree")
         self.fn_compact = getattr(self.mod, "compact_ddtree_kv_cache", None)
@@ -131,7 +129,7 @@ class DDTreeUtils:
         args = dict(root_token_ids=roots, node_token_ids=ids, node_depths=depths, visibility=vis,
                     start_positions=past.clone(), past_lengths=past, tree_budget=budget,
                     actual_tree_sizes=actual, device=torch.device("cpu"), past_lens_cpu=list(prefix_lens),
-                    actual_sizes_cpu=actual.tolist(), build_attention_mask=True, dtype=torch.float32)
+                    actual_sizes_cpu=actual.tolist(), build_attention_mask=True, dtype=self.model_dtype)
         unknown = [p for p in self.compile_params[:6] if p not in args]
         if unknown:
             raise PortError(f"{self.path}: compile_ddtree_tree takes {', '.join(unknown)}, which no version this "
@@ -140,10 +138,9 @@ class DDTreeUtils:
         input_ids, positions, mask = out[0], out[1], out[2]
         if mask is None:
             raise PortError(f"{self.path}: compile_ddtree_tree built no mask with build_attention_mask=True")
-        # as the port laid it out and meant it; the kernel reads it flat either way
+        # as the port laid it out, dtype and values untouched; the kernel reads it flat, nonzero = visible
         layout = "rectangle" if mask.dim() == 3 else "flat"
-        meaning = float_mask_meaning(mask)
-        return CompiledVerify(input_ids.reshape(-1), positions.reshape(-1), PortMask(mask, meaning, layout))
+        return CompiledVerify(input_ids.reshape(-1), positions.reshape(-1), PortMask(mask, layout))
 
     # -- accept ----------------------------------------------------------------------
     def child_maps(self, trees: list[DraftTree]):

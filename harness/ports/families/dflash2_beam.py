@@ -70,7 +70,7 @@ class DFlash2Beam:
         else:   # the port's positions come from a CUDA kernel that is not here
             positions = torch.tensor([p + d for t, p in zip(trees, prefix_lens) for d in t.depths])
         ids = torch.tensor([tok for t in trees for tok in t.tokens])
-        return CompiledVerify(ids, positions.reshape(-1), PortMask(mask, "allow", "flat"),
+        return CompiledVerify(ids, positions.reshape(-1), PortMask(mask, "flat"),
                               {"ancestor_mask": anc, "positions_from_port": self.meta_runs})
 
 

@@ -82,7 +82,7 @@ class DFlashTree:
         bufs = self.fn_buffers(native, q, torch.tensor(prefix_lens, dtype=torch.int64))
         mask = self.fn_mask(native, q, list(prefix_lens))
         return CompiledVerify(bufs["draft_token"].reshape(-1), bufs["positions"].reshape(-1),
-                              PortMask(mask, "allow", "flat"), {"buffers": bufs})
+                              PortMask(mask, "flat"), {"buffers": bufs})
 
     def accept(self, trees, target_argmax) -> list[Acceptance]:
         out = []

@@ -80,7 +80,7 @@ class DFlashTreeUtils:
                             device="cpu")
         ids = torch.tensor([tok for p in padded for tok in p.token_ids])
         pos = torch.tensor([pre + d for p, pre in zip(padded, prefix_lens) for d in p.depths])
-        return CompiledVerify(ids, pos, PortMask(mask, "allow", "flat"))
+        return CompiledVerify(ids, pos, PortMask(mask, "flat"))
 
     def accept(self, trees, target_argmax) -> list[Acceptance]:
         out = []

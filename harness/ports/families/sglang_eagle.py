@@ -125,7 +125,7 @@ class SGLangEagle:
     def compile(self, trees, prefix_lens) -> CompiledVerify:
         mask, positions, retrive = self._kernel(list(trees), list(prefix_lens))
         ids = torch.tensor([tok for t in trees for tok in t.tokens], dtype=torch.int64)
-        return CompiledVerify(ids, positions, PortMask(mask, "allow", "flat"), {"retrive": retrive})
+        return CompiledVerify(ids, positions, PortMask(mask, "flat"), {"retrive": retrive})
 
     def accept(self, trees, target_argmax) -> list[Acceptance]:
         _, _, retrive = self._kernel(list(trees), [0] * len(trees))

@@ -1,0 +1,33 @@
+"""Summaries count consistently: divergent nodes are judged nodes (never more
+than the nodes checked); padding rows whose logits are not finite are a
+divergence counted on their own, in every view (the summary record, the
+terminal table, the HTML report)."""
+import pytest
+
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.check.summary import CheckSummary, summary_record
+from harness.engine.settings import RunSettings
+
+
+def test_nan_padding_rows_do_not_inflate_divergent_nodes():
+    """Fully masked padding rows (NaN on the torch backend) poison every real row of
+    the next layer: every judged node diverges, and the padding rows are counted apart."""
+    s = RunSettings(budget=16, topk=1, backend="torch", max_new_tokens=3, fault="padded-row-fully-masked")
+    summary = check(prepare(s), RecordWriter(None), localize=False)
+    assert not summary.passed and summary.nonfinite_padding_rows > 0
+    assert 0 < summary.divergent_nodes <= summary.nodes_checked
+    assert summary.nonfinite_padding_rows <= summary.padding_rows
+    record = summary_record(s, summary)
+    assert record["divergent_nodes"] <= record["nodes_checked"]
+
+
+def test_a_summary_claiming_more_divergent_than_checked_is_refused():
+    s = RunSettings(budget=4, backend="torch")
+    with pytest.raises(ValueError, match="64 divergent nodes of 46 checked"):
+        summary_record(s, CheckSummary(setting="x", nodes_checked=46, divergent_nodes=64))
+
+
+def test_nonfinite_padding_rows_alone_fail_the_run():
+    assert not CheckSummary(setting="x", nodes_checked=3, nonfinite_padding_rows=1).checks_passed
