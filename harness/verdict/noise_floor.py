@@ -218,6 +218,6 @@ def verdict_rule(dtype: str, verdict: str, tolerance_given: bool, calibrated: tu
         raise ValueError(f"--verdict noise-floor is for bfloat16 and float16 runs; {dtype} is judged by the "
                          "fixed table")
     if calibrated:
-        m, f, c, *d = calibrated
-        return NoiseFloorRule(m, f, c, d[0] if d else NOISE[dtype].drift_limit)
+        m, f, c, *d = calibrated   # test 3 keeps the dtype's measured tail ratio
+        return NoiseFloorRule(m, f, c, d[0] if d else NOISE[dtype].drift_limit, NOISE[dtype].excess_ratio)
     return NOISE[dtype].rule(nodes)

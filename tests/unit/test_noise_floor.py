@@ -60,7 +60,9 @@ def test_which_runs_it_judges():
     assert verdict_rule("bfloat16", "auto", True) is None          # an explicit tolerance is a fixed verdict
     assert verdict_rule("float32", "auto", False) is None
     assert verdict_rule("float16", "fixed", False) is None
-    assert verdict_rule("bfloat16", "auto", False, (1.7, 0.004, 0.2)).drift_limit == NOISE["bfloat16"].drift_limit
+    calibrated = verdict_rule("bfloat16", "auto", False, (1.7, 0.004, 0.2))
+    assert calibrated.drift_limit == NOISE["bfloat16"].drift_limit
+    assert calibrated.excess_ratio == NOISE["bfloat16"].excess_ratio   # test 3 stays on a calibrated rule
     with pytest.raises(UsageError, match="noise-floor"):
         RunSettings(dtype="float32", verdict="noise-floor")
 
