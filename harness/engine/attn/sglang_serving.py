@@ -127,6 +127,11 @@ class SGLangServingBackend(SGLangTritonBackend):
         """SGLang's TritonAttnBackend (its forward_metadata is what the last forward read)."""
         return self._need_bound().attn
 
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        """SGLang's own req_to_token  # [rows, max_context] int32 (refilled from the engine's before each forward)."""
+        return self._need_bound().runner.req_to_token_pool.req_to_token
+
     def _need_bound(self) -> _Bound:
         if self._bound is None:
             raise RuntimeError(f"{self.name} serves batches only after bind(pool)")

@@ -1,0 +1,101 @@
+"""SGLang's own attention backend as the system under test (sglang-serving,
+sglang-serving-dflash): the engine hands TritonAttnBackend whole verify batches
+with a verify input, SGLang builds the metadata itself and attends through
+RadixAttention; under --cuda-graph SGLang's own graph state replays at a bucket
+above the batch. Skipped where SGLang's serving import chain is not installed
+(the Makefile's SGLANG_SERVING packages)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.engine.attn.base import BackendUnavailable, ServerBatch
+from harness.engine.serving_graph import ServingGraphRunner, serving_buckets
+from harness.engine.settings import RunSettings, UsageError
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _serving_path():
+    from harness.engine.attn.sglang_runtime import import_serving
+    try:
+        import_serving()
+    except BackendUnavailable as e:
+        pytest.skip(f"SGLang's serving path is not installed here: {e}")
+
+
+def _check(**kw):
+    p = prepare(RunSettings(**kw))
+    return p, check(p, RecordWriter(None))
+
+
+def test_the_seed_setting_passes_eager():
+    # ddcheck run --backend sglang-serving --budget 16 --topk 1 --no-cuda-graph (the tiny preset)
+    p, s = _check(backend="sglang-serving", budget=16, topk=1, cuda_graph=False)
+    assert s.passed and s.nodes_checked > 0, s.explanation
+    assert s.max_rel_err < 1e-4
+    assert p.engine.graph is None and p.engine.serving is p.engine.kernel
+
+
+def test_the_seed_setting_passes_under_sglangs_graph_state_at_a_bucket_above_the_batch():
+    p, s = _check(backend="sglang-serving", budget=16, topk=1, cuda_graph=True)
+    assert s.passed and s.nodes_checked > 0, s.explanation
+    graph = p.engine.graph
+    assert isinstance(graph, ServingGraphRunner) and graph.num_captures == 1
+    assert graph.last.bucket == 2 > graph.last.live.seq_lens.numel()     # one batch-padding request replayed
+    # the replay read SGLang's graph buffers: kv_indptr padded with the fill value's one key
+    kvp = graph.last.meta.kv_indptr.tolist()
+    assert kvp[2] - kvp[1] == p.engine.serving.seq_len_fill_value()
+
+
+def test_the_seed_leak_is_caught_and_named():
+    _, s = _check(backend="sglang-serving", budget=16, topk=1, max_new_tokens=6, fault="padded-kv-visible")
+    assert not s.passed and s.fault_class == "padding-leak", s.explanation
+
+
+def test_the_metadata_the_kernel_read_is_the_one_sglang_built_from_the_verify_input():
+    p = prepare(RunSettings(backend="sglang-serving", budget=8, topk=2, batch=2, max_new_tokens=2))
+    result = next(p.engine.rounds())
+    own = result.batch.attn                      # ddcheck's own layout of the same batch (DOMAIN.md section 3)
+    sglang = p.engine.serving.sglang_backend
+    m = sglang.forward_metadata
+    assert type(m).__module__.startswith("sglang.")
+    assert m.kv_indptr.tolist() == own.kv_indptr.tolist()
+    assert m.kv_indices.tolist() == own.kv_indices.tolist()       # from SGLang's req_to_token at seq_lens
+    assert m.qo_indptr.tolist() == own.qo_indptr.tolist()
+    assert m.mask_indptr.tolist() == own.mask_indptr.tolist()
+    assert torch.equal(m.custom_mask.bool(), own.custom_mask.bool())   # the verify input's mask, as handed over
+    table = sglang.req_to_token                  # SGLang's own table (int32), copied from the scheduler's
+    assert table.dtype == torch.int32 and table is not p.engine.req_pool.req_to_token
+
+
+def test_dflash_verify_keeps_the_tree_eager_and_loses_it_under_sglangs_graph_capture():
+    # SGLang 0.5.23 captures the DFlash verify on TritonAttnBackend with no custom mask (issue 26)
+    _, eager = _check(backend="sglang-serving-dflash", budget=16, topk=2, max_new_tokens=6)
+    assert eager.passed, eager.explanation
+    _, graph = _check(backend="sglang-serving-dflash", budget=16, topk=2, max_new_tokens=6, cuda_graph=True)
+    assert not graph.passed and graph.fault_class == "graph-causal-mask", graph.explanation
+
+
+def test_a_fault_of_ddcheck_s_own_graph_runner_is_refused():
+    with pytest.raises(UsageError, match="cuda-graph|graph"):
+        prepare(RunSettings(backend="sglang-serving", cuda_graph=True, fault="stale-graph-mask"))
+
+
+def test_buckets_lie_above_every_batch():
+    assert serving_buckets(1) == [2] and serving_buckets(2) == serving_buckets(3) == [2, 4]
+    assert all(any(b > bs for b in serving_buckets(bs)) for bs in range(1, 9))
+
+
+def test_a_server_batch_holds_together():
+    ids = torch.zeros(6, dtype=torch.int64)
+    with pytest.raises(ValueError, match="rows"):
+        ServerBatch("target-verify", ids, ids, torch.tensor([0, 1]), torch.tensor([3, 4]), (3, 3), ids[:5])
+    with pytest.raises(ValueError, match="one width"):
+        ServerBatch("target-verify", ids, ids, torch.tensor([0, 1]), torch.tensor([3, 4]), (2, 4), ids)
+    with pytest.raises(ValueError, match="extend or a target-verify"):
+        ServerBatch("decode", ids, ids, torch.tensor([0, 1]), torch.tensor([3, 4]), (3, 3), ids)
