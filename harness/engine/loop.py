@@ -21,7 +21,7 @@ from harness.engine.graph import GraphOptions, GraphRunner
 from harness.engine.serving_graph import ServingGraphRunner
 from harness.engine.pipeline import Pipeline
 from harness.engine.round_stages import choose_accept, choose_row_slots, choose_window
-from harness.engine.settings import PromptSpec, RunSettings, UsageError
+from harness.engine.settings import NotRunnableHere, PromptSpec, RunSettings, UsageError
 from harness.engine.ddtree.accept import Acceptance, cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
 from harness.engine.ddtree.drafter import make_drafter
@@ -103,8 +103,8 @@ class Engine:
     def _bind_serving(self, max_bs: int) -> None:
         s = self.s
         if s.page_size != 1 or self.cfg.sliding_window is not None:
-            raise UsageError(f"--backend {s.backend} runs SGLang's own metadata over a token-slot pool without a "
-                             "sliding window: use --page-size 1 and a model without one")
+            raise NotRunnableHere(f"--backend {s.backend} runs SGLang's own metadata over a token-slot pool "
+                                  "without a sliding window: use --page-size 1 and a model without one")
         if self._pipeline.graph != GraphOptions():
             raise UsageError(f"a graph fault needs ddcheck's own graph runner; --backend {s.backend} runs SGLang's "
                              "own graph state")
