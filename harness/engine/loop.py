@@ -96,6 +96,7 @@ class Engine:
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
         self.serving = serving_of(backend)   # SGLang's own backend: handed whole batches, builds its metadata
+        self.served_meta = None               # the metadata the serving backend built for the last served forward
         if self.serving is not None:
             self._bind_serving(len(prompts))
         self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
@@ -148,6 +149,7 @@ class Engine:
         if self.serving is None:
             return self._model_forward(batch.input_ids, batch.positions, meta)
         with self.serving.served(batch) as served_meta:
+            self.served_meta = served_meta   # what SGLang built: the canary checks the reads it made
             return self._model_forward(batch.input_ids, batch.positions, served_meta)
 
     def prefill(self) -> None:
@@ -237,7 +239,7 @@ class Engine:
         buffers, batch padding included) against each slot's provenance."""
         prov, q = self.pool.provenance, self.q_len
         replay = self.graph.last if self.graph is not None else None
-        meta = replay.meta if replay is not None else vb.attn
+        meta = replay.meta if replay is not None else (self.served_meta or vb.attn)
         ids = (replay.input_ids if replay is not None else vb.input_ids).cpu()      # [rows]
         pos = (replay.positions if replay is not None else vb.positions).cpu()      # [rows]
         loc = meta.out_cache_loc.cpu()                                               # [rows]

@@ -69,6 +69,8 @@ def test_the_metadata_the_kernel_read_is_the_one_sglang_built_from_the_verify_in
     assert m.qo_indptr.tolist() == own.qo_indptr.tolist()
     assert m.mask_indptr.tolist() == own.mask_indptr.tolist()
     assert torch.equal(m.custom_mask.bool(), own.custom_mask.bool())   # the verify input's mask, as handed over
+    # the KV canary checks the reads SGLang's kernel made: its very kv_indices
+    assert p.engine.served_meta.kv_indices.data_ptr() == m.kv_indices.data_ptr()
     table = sglang.req_to_token                  # SGLang's own table (int32), copied from the scheduler's
     assert table.dtype == torch.int32 and table is not p.engine.req_pool.req_to_token
 
