@@ -107,5 +107,7 @@ class ServingGraphRunner:
                 st.graph.replay()
             else:
                 st.logits.copy_(self.forward(st.input_ids, st.positions, meta))
-        self.last = Replay(bucket, vb, meta, st.input_ids, st.positions, st.logits)
+        # SGLang's _update_target_verify_buffers copies the live mask only: the dummies' blocks keep what the
+        # buffer held (zeros, or an earlier, larger batch's mask); their rows are discarded and see their prefix key
+        self.last = Replay(bucket, vb, meta, st.input_ids, st.positions, st.logits, dummy_mask_refilled=False)
         return st.logits[:t].clone()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from harness.check.differential import check
+from harness.check.localize.graph_audit import audit_graph
 from harness.check.prepare import prepare
 from harness.check.records import RecordWriter
 from harness.engine.attn.base import BackendUnavailable, ServerBatch
@@ -50,6 +51,16 @@ def test_the_seed_setting_passes_under_sglangs_graph_state_at_a_bucket_above_the
     # the replay read SGLang's graph buffers: kv_indptr padded with the fill value's one key
     kvp = graph.last.meta.kv_indptr.tolist()
     assert kvp[2] - kvp[1] == p.engine.serving.seq_len_fill_value()
+
+
+def test_sglangs_graph_buffers_agree_with_the_eager_batch_and_its_padding_rule():
+    p = prepare(RunSettings(backend="sglang-serving", budget=8, topk=2, batch=3, cuda_graph=True, max_new_tokens=4))
+    for result in p.engine.rounds():
+        replay = p.engine.graph.last
+        assert replay.bucket > replay.live.seq_lens.numel() and not replay.dummy_mask_refilled
+        # every static buffer SGLang refilled agrees with the eager batch and the padding rule (seq_len 1,
+        # request row 0, slot 0, position 0); the dummies' mask blocks are SGLang's to leave as they are
+        assert audit_graph(replay, p.engine.req_pool.req_to_token.cpu(), result.step) == []
 
 
 def test_the_seed_leak_is_caught_and_named():
