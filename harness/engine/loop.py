@@ -12,7 +12,7 @@ from typing import Iterator
 import torch
 
 from ddschema import ModelConfig
-from harness.engine.attn.base import AttentionBackend, ServerBatch, ServingPool, serving_of
+from harness.engine.attn.base import AttentionBackend, ServerBatch, ServingPool, ServingSession, serving_of
 from harness.engine.mem.paged import pool_slots
 from harness.engine.mem.pool import KVPool, ReqToTokenPool
 from harness.engine.mem.provenance import BATCH_PADDING, ProvenanceFinding
@@ -95,13 +95,14 @@ class Engine:
         self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
-        self.serving = serving_of(backend)   # SGLang's own backend: handed whole batches, builds its metadata
-        self.served_meta = None               # the metadata the serving backend built for the last served forward
-        if self.serving is not None:
-            self._bind_serving(len(prompts))
+        # SGLang's own backend, handed whole batches: this engine's session of it (None: per-layer metadata)
+        self.serving = self._bind_serving(serving_of(backend), len(prompts))
+        self.served_meta = None   # the metadata the serving backend built for the last served forward
         self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
 
-    def _bind_serving(self, max_bs: int) -> None:
+    def _bind_serving(self, backend, max_bs: int) -> ServingSession | None:
+        if backend is None:
+            return None
         s = self.s
         if s.page_size != 1 or self.cfg.sliding_window is not None:
             raise NotRunnableHere(f"--backend {s.backend} runs SGLang's own metadata over a token-slot pool "
@@ -110,8 +111,8 @@ class Engine:
             raise UsageError(f"a graph fault needs ddcheck's own graph runner; --backend {s.backend} runs SGLang's "
                              "own graph state")
         layers = tuple(self.model.layer_attn)
-        self.serving.bind(ServingPool(self.pool.k_buffer, self.pool.v_buffer, self.req_pool.req_to_token,
-                                      self.cfg.num_heads, layers, self.q_len, 2 * max_bs))
+        return backend.bind(ServingPool(self.pool.k_buffer, self.pool.v_buffer, self.req_pool.req_to_token,
+                                        self.cfg.num_heads, layers, self.q_len, 2 * max_bs))
 
     def _graph_runner(self, max_bs: int):
         """ddcheck's graph runner, or SGLang's own graph state for a serving backend."""

@@ -58,7 +58,7 @@ class _Static:
 class ServingGraphRunner:
     def __init__(self, forward: Callable, backend, q_len: int, max_bs: int, device: str, topk: int):
         """forward(input_ids, positions, meta) -> logits  # [T, vocab]: the model over a served batch;
-        backend: a serving backend (init_graph_state, graph_capture, graph_replay)."""
+        backend: an engine's serving session (init_graph_state, graph_capture, graph_replay)."""
         self.forward, self.backend, self.q_len, self.device, self.topk = forward, backend, q_len, device, topk
         self.buckets = serving_buckets(max_bs)
         backend.init_graph_state(self.buckets[-1], q_len)

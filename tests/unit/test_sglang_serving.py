@@ -11,7 +11,7 @@ import torch
 
 from harness.check.differential import check
 from harness.check.localize.graph_audit import audit_graph
-from harness.check.prepare import prepare
+from harness.check.prepare import derive, prepare
 from harness.check.records import RecordWriter
 from harness.engine.attn.base import BackendUnavailable, ServerBatch
 from harness.engine.serving_graph import ServingGraphRunner, serving_buckets
@@ -39,7 +39,7 @@ def test_the_seed_setting_passes_eager():
     p, s = _check(backend="sglang-serving", budget=16, topk=1, cuda_graph=False)
     assert s.passed and s.nodes_checked > 0, s.explanation
     assert s.max_rel_err < 1e-4
-    assert p.engine.graph is None and p.engine.serving is p.engine.kernel
+    assert p.engine.graph is None and p.engine.serving is not None
 
 
 def test_the_seed_setting_passes_under_sglangs_graph_state_at_a_bucket_above_the_batch():
@@ -72,7 +72,7 @@ def test_the_metadata_the_kernel_read_is_the_one_sglang_built_from_the_verify_in
     p = prepare(RunSettings(backend="sglang-serving", budget=8, topk=2, batch=2, max_new_tokens=2))
     result = next(p.engine.rounds())
     own = result.batch.attn                      # ddcheck's own layout of the same batch (DOMAIN.md section 3)
-    sglang = p.engine.serving.sglang_backend
+    sglang = p.engine.serving.attn          # SGLang's TritonAttnBackend
     m = sglang.forward_metadata
     assert type(m).__module__.startswith("sglang.")
     assert m.kv_indptr.tolist() == own.kv_indptr.tolist()
@@ -84,6 +84,16 @@ def test_the_metadata_the_kernel_read_is_the_one_sglang_built_from_the_verify_in
     assert p.engine.served_meta.kv_indices.data_ptr() == m.kv_indices.data_ptr()
     table = sglang.req_to_token                  # SGLang's own table (int32), copied from the scheduler's
     assert table.dtype == torch.int32 and table is not p.engine.req_pool.req_to_token
+
+
+def test_each_engine_on_one_backend_has_its_own_session_over_its_own_pool():
+    p = prepare(RunSettings(backend="sglang-serving", budget=4, max_new_tokens=2))
+    q = derive(p)                                   # the localizer's fresh engine over the same backend
+    assert q.engine.kernel is p.engine.kernel and q.engine.serving is not p.engine.serving
+    for prepared in (p, q):
+        sglang_pool = prepared.engine.serving.runner.token_to_kv_pool
+        assert sglang_pool.get_key_buffer(0) is prepared.engine.pool.k_buffer[0]
+        assert sglang_pool.get_value_buffer(1) is prepared.engine.pool.v_buffer[1]
 
 
 def test_dflash_verify_keeps_the_tree_eager_and_loses_it_under_sglangs_graph_capture():

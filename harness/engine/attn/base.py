@@ -118,15 +118,19 @@ class ServingPool:
         return self.req_to_token.shape[1]
 
 
+class ServingSession(Protocol):
+    """One engine's binding of a serving backend: each forward runs inside `served(batch)`, which
+    builds the backend's metadata from the batch and yields it (as AttnMetadata)."""
+
+    def served(self, batch: ServerBatch) -> AbstractContextManager: ...
+
+
 @runtime_checkable
 class ServingBackend(Protocol):
     """A backend that takes whole forwards as a server hands them over (SGLang's own
-    attention backend): bound once to the engine's pool, then each forward runs inside
-    `served(batch)`, which builds the backend's metadata from the batch."""
+    attention backend): bound to each engine's pool (`bind` -> that engine's session)."""
 
-    def bind(self, pool: ServingPool) -> None: ...
-
-    def served(self, batch: ServerBatch) -> AbstractContextManager: ...
+    def bind(self, pool: ServingPool) -> ServingSession: ...
 
 
 def serving_of(backend) -> ServingBackend | None:
