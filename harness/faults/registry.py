@@ -21,9 +21,10 @@ def why_cannot_show(name: str, s: RunSettings, vocab: int) -> str | None:
     if fault is None:
         return f"unknown fault {name!r}; `ddcheck faults` lists them"
     if not fault.can_show(s, vocab):
-        own_graph = ("; it flips ddcheck's own graph runner, and --backend "
-                     f"{s.backend} replays SGLang's own graph state" if _flips_graph(fault) and serves_batches(s.backend)
-                     else "")
+        own_graph = ""
+        if _flips_graph(fault) and serves_batches(s.backend):
+            own_graph = (f"; it flips ddcheck's own graph runner, and --backend {s.backend} replays SGLang's own "
+                         "graph state")
         return f"fault {name!r} cannot show under these settings: it needs {fault.shows_when}{own_graph}"
     return None
 

@@ -101,7 +101,8 @@ class SGLangServingBackend(SGLangTritonBackend):
             return super().forward(q, k, v, layer, k_buffer, v_buffer, meta, layer_attn)
         session, forward_batch = self._active
         t, cd = q.shape[0], self.compute_dtype
-        extras = {} if layer_attn.sinks is None else {"sinks": layer_attn.sinks.to(device=q.device, dtype=torch.float32)}
+        sinks = layer_attn.sinks
+        extras = {} if sinks is None else {"sinks": sinks.to(device=q.device, dtype=torch.float32)}   # [heads]
         o = session.layers[layer](q.to(cd).reshape(t, -1), k.to(cd).reshape(t, -1), v.to(cd).reshape(t, -1),
                                   forward_batch, **extras)
         return o.view(t, -1, q.shape[-1]).to(q.dtype)   # [T, heads, head_dim]
