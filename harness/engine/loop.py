@@ -117,7 +117,8 @@ class Engine:
     def _graph_runner(self, max_bs: int):
         """ddcheck's graph runner, or SGLang's own graph state for a serving backend."""
         if self.serving is not None:
-            return ServingGraphRunner(self._model_forward, self.serving, self.q_len, max_bs, self.s.device, self.s.topk)
+            return ServingGraphRunner(self._verify_forward, self.serving, self.q_len, max_bs, self.s.device,
+                                      self.s.topk)
         return GraphRunner(self._verify_forward, self.q_len, max_bs, self.max_context, self.req_pool.req_to_token,
                            self.s.device, self._pipeline.graph)
 
@@ -139,19 +140,16 @@ class Engine:
         self.fold_window = choose_window(p, self.cfg.sliding_window)
         self.accept_request = choose_accept(self.accept, p, q)
 
-    def _model_forward(self, input_ids, positions, meta) -> torch.Tensor:
-        return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
-
     def _verify_forward(self, input_ids, positions, meta) -> torch.Tensor:
-        return self._model_forward(input_ids, positions, meta)
+        return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
 
     def _served_forward(self, batch: ServerBatch, meta) -> torch.Tensor:
         """The model over `batch`; a serving backend gets the batch whole first and builds its own metadata."""
         if self.serving is None:
-            return self._model_forward(batch.input_ids, batch.positions, meta)
+            return self._verify_forward(batch.input_ids, batch.positions, meta)
         with self.serving.served(batch) as served_meta:
             self.served_meta = served_meta   # what SGLang built: the canary checks the reads it made
-            return self._model_forward(batch.input_ids, batch.positions, served_meta)
+            return self._verify_forward(batch.input_ids, batch.positions, served_meta)
 
     def prefill(self) -> None:
         """Causal extend of every prompt; the last logits give the first root."""
