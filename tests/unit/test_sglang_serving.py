@@ -86,6 +86,15 @@ def test_the_metadata_the_kernel_read_is_the_one_sglang_built_from_the_verify_in
     assert table.dtype == torch.int32 and table is not p.engine.req_pool.req_to_token
 
 
+def test_the_prefill_is_an_extend_sglang_lays_out_itself():
+    p = prepare(RunSettings(backend="sglang-serving", batch=2, max_new_tokens=2))
+    p.engine.prefill()
+    m = p.engine.serving.attn.forward_metadata
+    lens = [len(r.prompt) for r in p.engine.requests]
+    assert m.qo_indptr.tolist() == [0, lens[0], lens[0] + lens[1]]   # causal extend of each whole prompt
+    assert m.custom_mask is None and m.kv_indices.numel() == 0        # no cached prefix, no tree
+
+
 def test_each_engine_on_one_backend_has_its_own_session_over_its_own_pool():
     p = prepare(RunSettings(backend="sglang-serving", budget=4, max_new_tokens=2))
     q = derive(p)                                   # the localizer's fresh engine over the same backend
