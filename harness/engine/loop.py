@@ -12,15 +12,16 @@ from typing import Iterator
 import torch
 
 from ddschema import ModelConfig
-from harness.engine.attn.base import AttentionBackend
+from harness.engine.attn.base import AttentionBackend, ServerBatch, ServingPool, ServingSession, serving_of
 from harness.engine.mem.paged import pool_slots
 from harness.engine.mem.pool import KVPool, ReqToTokenPool
 from harness.engine.mem.provenance import BATCH_PADDING, ProvenanceFinding
 from harness.engine.model.llama import LlamaModel
-from harness.engine.graph import GraphRunner
+from harness.engine.graph import GraphOptions, GraphRunner
+from harness.engine.serving_graph import ServingGraphRunner
 from harness.engine.pipeline import Pipeline
 from harness.engine.round_stages import choose_accept, choose_row_slots, choose_window
-from harness.engine.settings import PromptSpec, RunSettings, UsageError
+from harness.engine.settings import NotRunnableHere, PromptSpec, RunSettings, UsageError
 from harness.engine.ddtree.accept import Acceptance, cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
 from harness.engine.ddtree.drafter import make_drafter
@@ -94,9 +95,32 @@ class Engine:
         self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
                          for i, (spec, ids) in enumerate(zip(prompts, prompt_ids))]
-        self.graph = (GraphRunner(self._verify_forward, q_len, len(prompts), self.max_context,
-                                  self.req_pool.req_to_token, dev, pipeline.graph)
-                      if settings.cuda_graph else None)
+        # SGLang's own backend, handed whole batches: this engine's session of it (None: per-layer metadata)
+        self.serving = self._bind_serving(serving_of(backend), len(prompts))
+        self.served_meta = None   # the metadata the serving backend built for the last served forward
+        self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
+
+    def _bind_serving(self, backend, max_bs: int) -> ServingSession | None:
+        if backend is None:
+            return None
+        s = self.s
+        if s.page_size != 1 or self.cfg.sliding_window is not None:
+            raise NotRunnableHere(f"--backend {s.backend} runs SGLang's own metadata over a token-slot pool "
+                                  "without a sliding window: use --page-size 1 and a model without one")
+        if self._pipeline.graph != GraphOptions():
+            raise UsageError(f"a graph fault needs ddcheck's own graph runner; --backend {s.backend} runs SGLang's "
+                             "own graph state")
+        layers = tuple(self.model.layer_attn)
+        return backend.bind(ServingPool(self.pool.k_buffer, self.pool.v_buffer, self.req_pool.req_to_token,
+                                        self.cfg.num_heads, layers, self.q_len, 2 * max_bs))
+
+    def _graph_runner(self, max_bs: int):
+        """ddcheck's graph runner, or SGLang's own graph state for a serving backend."""
+        if self.serving is not None:
+            return ServingGraphRunner(self._verify_forward, self.serving, self.q_len, max_bs, self.s.device,
+                                      self.s.topk)
+        return GraphRunner(self._verify_forward, self.q_len, max_bs, self.max_context, self.req_pool.req_to_token,
+                           self.s.device, self._pipeline.graph)
 
     # -- stages ---------------------------------------------------------------
     @property
@@ -119,6 +143,14 @@ class Engine:
     def _verify_forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model.forward(input_ids, positions, meta, self.pool, self.backend)
 
+    def _served_forward(self, batch: ServerBatch, meta) -> torch.Tensor:
+        """The model over `batch`; a serving backend gets the batch whole first and builds its own metadata."""
+        if self.serving is None:
+            return self._verify_forward(batch.input_ids, batch.positions, meta)
+        with self.serving.served(batch) as served_meta:
+            self.served_meta = served_meta   # what SGLang built: the canary checks the reads it made
+            return self._verify_forward(batch.input_ids, batch.positions, served_meta)
+
     def prefill(self) -> None:
         """Causal extend of every prompt; the last logits give the first root."""
         lens = [len(r.prompt) for r in self.requests]
@@ -128,7 +160,10 @@ class Engine:
         ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
         pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
         meta = prefill_metadata(lens, loc).to(self.s.device)
-        logits = self.model.forward(ids, pos, meta, self.pool, self.backend)
+        zeros = torch.zeros(len(lens), dtype=torch.int64, device=self.s.device)
+        batch = ServerBatch("extend", ids, pos, torch.tensor([r.req_pool_idx for r in self.requests],
+                                                             device=self.s.device), zeros, tuple(lens), loc)
+        logits = self._served_forward(batch, meta)
         owners = torch.cat([torch.full((n,), r.rid) for r, n in zip(self.requests, lens)])
         self.pool.provenance.stamp(loc.cpu(), owners, pos.cpu(), ids.cpu())
         ends = torch.cumsum(torch.tensor(lens), 0) - 1
@@ -148,7 +183,10 @@ class Engine:
     def verify(self, vb: VerifyBatch) -> torch.Tensor:
         if self.graph is not None:
             return self.graph.verify(vb)
-        return self._verify_forward(vb.input_ids, vb.positions, vb.attn)
+        batch = ServerBatch("target-verify", vb.input_ids, vb.positions, vb.req_pool_indices.to(vb.input_ids.device),
+                            vb.seq_lens.to(vb.input_ids.device), (vb.q_len,) * vb.seq_lens.numel(),
+                            vb.attn.out_cache_loc, vb.attn.custom_mask, self.s.topk)
+        return self._served_forward(batch, vb.attn)
 
     # -- the loop -------------------------------------------------------------
     def rounds(self) -> Iterator[StepResult]:
@@ -200,7 +238,7 @@ class Engine:
         buffers, batch padding included) against each slot's provenance."""
         prov, q = self.pool.provenance, self.q_len
         replay = self.graph.last if self.graph is not None else None
-        meta = replay.meta if replay is not None else vb.attn
+        meta = replay.meta if replay is not None else (self.served_meta or vb.attn)
         ids = (replay.input_ids if replay is not None else vb.input_ids).cpu()      # [rows]
         pos = (replay.positions if replay is not None else vb.positions).cpu()      # [rows]
         loc = meta.out_cache_loc.cpu()                                               # [rows]

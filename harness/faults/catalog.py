@@ -12,6 +12,7 @@ import torch
 from harness.faults.fault import (Fault, all_of, batch_padded, has_branch, has_padding, has_window, num_nodes,
                                   reads_max_kv_len, reads_prefix_mask, two_steps)
 from harness.engine.attn.base import PLAIN
+from harness.engine.attn.registry import serves_batches
 from harness.engine.ddtree.accept import Acceptance, depth_order_parents, greedy_walk, walk_parents
 from harness.engine.ddtree.mask import flatten_blocks, request_mask_block, tree_visibility
 from harness.engine.ddtree.tree import DraftTree
@@ -233,7 +234,8 @@ def _stage(**stages):
     return lambda p: replace(p, **stages)
 
 
-NEED_GRAPH = lambda s, v: s.cuda_graph  # noqa: E731
+# ddcheck's own graph runner (a serving backend replays SGLang's own graph state, which has no such switches)
+NEED_GRAPH = lambda s, v: s.cuda_graph and not serves_batches(s.backend)  # noqa: E731
 NEED_TWO_NODES = lambda s, v: num_nodes(s, v) >= 2  # noqa: E731
 NEED_WALK = lambda s, v: s.accept == "walk"  # noqa: E731
 NEED_BATCH = lambda s, v: s.batch >= 2  # noqa: E731

@@ -13,6 +13,7 @@ import torch
 
 from harness.engine.attn import sglang_triton
 from harness.engine.attn.base import AttentionBackend, BackendUnavailable
+from harness.engine.attn.sglang_serving import make_serving
 from harness.engine.attn.sglang_triton import SGLangTritonBackend
 from harness.engine.attn.sglang_unified import SGLangUnifiedBackend
 from harness.engine.attn.torch_backend import TorchBackend
@@ -22,7 +23,17 @@ BACKENDS: dict[str, Callable[[str, torch.dtype], AttentionBackend]] = {
     "torch": TorchBackend,
     "sglang-triton": SGLangTritonBackend,
     "sglang-unified": SGLangUnifiedBackend,
+    # SGLang's TritonAttnBackend handed whole verify batches (harness/engine/attn/sglang_serving.py)
+    "sglang-serving": make_serving("eagle"),
+    "sglang-serving-dflash": make_serving("dflash"),
 }
+# the backends that take whole forwards as a server hands them over (and run SGLang's own graph state)
+SERVING_BACKENDS = frozenset({"sglang-serving", "sglang-serving-dflash"})
+
+
+def serves_batches(name: str) -> bool:
+    """Whether backend `name` is SGLang's serving path (known without importing SGLang)."""
+    return name in SERVING_BACKENDS
 
 
 def make_backend(name: str, device: str, dtype: torch.dtype) -> AttentionBackend:

@@ -39,6 +39,10 @@ class KVPool:
     def set_kv(self, layer: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k_buffer[layer][loc] = k.to(self.k_buffer[layer].dtype)
         self.v_buffer[layer][loc] = v.to(self.v_buffer[layer].dtype)
+        self.mark_written(layer, loc)
+
+    def mark_written(self, layer: int, loc: torch.Tensor) -> None:
+        """Slots `loc` hold fresh K/V (written here, or by a serving backend's own KV save on this storage)."""
         # until the writer stamps what it wrote (the engine does after each forward); not while a CUDA
         # graph is being captured: a host copy there is illegal, and the replay's writes are stamped after it
         if layer == 0 and not (loc.is_cuda and torch.cuda.is_current_stream_capturing()):

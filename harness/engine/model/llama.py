@@ -76,7 +76,10 @@ class LlamaModel:
             q = _rms_norm(q, w[p + "self_attn.q_norm.weight"], cfg.rms_norm_eps)
             k = _rms_norm(k, w[p + "self_attn.k_norm.weight"], cfg.rms_norm_eps)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
-        pool.set_kv(i, meta.out_cache_loc, k, v)  # K is cached after RoPE
+        if getattr(backend, "writes_kv", False):   # SGLang's RadixAttention saves the rows' K/V itself
+            pool.mark_written(i, meta.out_cache_loc)
+        else:
+            pool.set_kv(i, meta.out_cache_loc, k, v)  # K is cached after RoPE
         o = backend.forward(q, k, v, i, pool.k_buffer[i], pool.v_buffer[i], meta, self.layer_attn[i])
         return F.linear(o.reshape(T, -1), w[p + "self_attn.o_proj.weight"], w.get(p + "self_attn.o_proj.bias"))
 
