@@ -29,12 +29,12 @@ def cache_state(entry) -> str:
 
 def package_state(entry) -> str:
     from importlib import metadata
-    from harness.engine.model.named import source_file
+    from harness.engine.model.named import sources
     try:
         version = metadata.version(entry.package)
     except metadata.PackageNotFoundError:
         return f"not installed ({entry.install_hint})"
-    return f"{version}" + ("" if source_file(entry) else f", but {entry.file} is missing from it")
+    return f"{version}" + ("" if sources(entry) else f", but {entry.file} (or a chunk of it) is missing")
 
 
 @app.command()
