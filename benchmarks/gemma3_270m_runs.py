@@ -66,6 +66,8 @@ def main() -> None:
                     "their rows replace the same commands' rows in an existing JSON")
     a = ap.parse_args()
     for name in SLICES if a.slice == "all" else [a.slice]:
+        out = a.out_dir / f"gemma3-270m-{name}.json"
+        kept = json.loads(out.read_text())["runs"] if a.fault is not None and out.exists() else []
         rows = []
         for dtype, fault, want in SLICE_RUNS[name]:
             if a.fault is not None and (fault or "none") != a.fault:
@@ -76,13 +78,11 @@ def main() -> None:
             print(f"{name:5} {dtype:8} {fault or '-':18} exit {row['exit_code']} (want {want}) "
                   f"err {row['max_rel_err']} ratio {row['max_noise_ratio']} prefix {row['prefix_len_min']}.."
                   f"{row['prefix_len_max']} {row['wall_s']} s", flush=True)
-        out = a.out_dir / f"gemma3-270m-{name}.json"
-        if a.fault is not None and out.exists():
-            new = {r["command"] for r in rows}
-            rows = [r for r in json.loads(out.read_text())["runs"] if r["command"] not in new] + rows
-        doc = {"model": "gemma3-270m", "slice": name, "device": "cpu (2 cores)", "window": 512, "runs": rows}
-        a.out_dir.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+            new = {r["command"] for r in rows}   # written after each run: a run cut short keeps the ones before
+            doc = {"model": "gemma3-270m", "slice": name, "device": "cpu (2 cores, shared)", "window": 512,
+                   "runs": [r for r in kept if r["command"] not in new] + rows}
+            a.out_dir.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":
