@@ -55,7 +55,8 @@ def models(rebuild: Optional[str] = typer.Option(None, help="materialize NAME's 
     typer.echo(f"trained models (--model NAME; cache {cache_root() / 'models'}):")
     for m in REGISTRY.values():
         typer.echo(f"  {m.name}: {m.architecture}, {m.params} parameters; {m.note}")
-        typer.echo(f"    source: {m.package} {m.file}; package {package_state(m)}")
+        chunks = f" (in {len(m.parts)} chunk packages)" if m.parts else ""
+        typer.echo(f"    source: {m.package} {m.file}{chunks}; package {package_state(m)}")
         typer.echo(f"    cache: {cache_state(m)}")
     typer.echo(f"random-weight presets (--model NAME): {', '.join(PRESETS)}")
     typer.echo("or a Hugging Face checkpoint directory: --model DIR")
