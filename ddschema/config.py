@@ -27,6 +27,10 @@ class RopeScaling:
             raise ValueError("rope scaling needs 0 < low_freq_factor < high_freq_factor")
 
 
+# the MLP gate's activation, by Hugging Face's name: SwiGLU's SiLU, Gemma's tanh-approximated GELU
+HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU.
@@ -46,6 +50,19 @@ class ModelConfig:
     sliding layers is full attention everywhere. Mistral windows every layer,
     Qwen2/Qwen3 the layers from `max_window_layers` on, Gemma-style configs
     list `layer_types`; each side reads those keys on its own.
+
+    Gemma 3 (Gemma3ForCausalLM) sets the rest, each side computing it on its own:
+    `norm_plus_one`, every RMSNorm scales by (1 + weight); `sandwich_norms`,
+    `post_attention_layernorm` normalizes the attention's output before the
+    residual add and `pre_feedforward_layernorm` / `post_feedforward_layernorm`
+    wrap the MLP; `hidden_act` "gelu_pytorch_tanh", the MLP's gate goes through
+    tanh-approximated GELU instead of SiLU; `embed_scale`, the embedding rows
+    are multiplied by it (Gemma: sqrt(hidden_size)); `query_pre_attn_scalar` s,
+    attention scores are scaled by s**-0.5 instead of head_dim**-0.5;
+    `rope_local_theta`, the RoPE base of the sliding layers (Gemma 3's
+    `rope_local_base_freq`; they take no `rope_scaling`), None: rope_theta
+    (and rope_scaling) on every layer; `final_logit_softcap` c, each output
+    logit x becomes c * tanh(x / c).
     """
 
     vocab_size: int
@@ -67,6 +84,13 @@ class ModelConfig:
     attn_sinks: bool = False
     sliding_window: int | None = None
     sliding_layers: tuple[int, ...] = ()
+    hidden_act: str = "silu"
+    norm_plus_one: bool = False
+    sandwich_norms: bool = False
+    embed_scale: float = 1.0
+    query_pre_attn_scalar: float | None = None
+    rope_local_theta: float | None = None
+    final_logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
@@ -87,6 +111,12 @@ class ModelConfig:
         layers = self.sliding_layers
         if tuple(sorted(set(layers))) != tuple(layers) or any(not 0 <= i < self.num_layers for i in layers):
             raise ValueError(f"sliding_layers must be distinct layer indices in [0, {self.num_layers}) in order")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act must be one of {', '.join(HIDDEN_ACTS)}, got {self.hidden_act!r}")
+        for name in ("embed_scale", "query_pre_attn_scalar", "rope_local_theta", "final_logit_softcap"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+                raise ValueError(f"ModelConfig.{name} must be a positive number, got {v!r}")
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of `layer`, None for a full-attention layer."""
@@ -101,6 +131,8 @@ def weight_names(cfg: ModelConfig) -> list[str]:
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if cfg.sandwich_norms:
+            names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             names.append(p + f"self_attn.{proj}.weight")
         if cfg.qkv_bias:

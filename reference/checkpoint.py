@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig, RopeScaling, weight_names
+from reference.gemma3 import GEMMA3, read_gemma3_config
 
 
 class CheckpointRefused(ValueError):
@@ -150,8 +151,10 @@ def read_config(hf: dict) -> ModelConfig:
     if not isinstance(hf, dict):
         raise CheckpointRefused("config.json is not a JSON object")
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch == GEMMA3:
+        return read_gemma3_config(hf, CheckpointRefused)
     if arch not in ARCHITECTURES:
-        raise CheckpointRefused(f"architecture {arch!r} is not supported ({', '.join(ARCHITECTURES)} are)")
+        raise CheckpointRefused(f"architecture {arch!r} is not supported ({', '.join([*ARCHITECTURES, GEMMA3])} are)")
     refuse_unsupported_math(hf, arch)
     qkv_bias, qk_norm, honours_bias, default_max = ARCHITECTURES[arch]
     attention_bias = bool(hf.get("attention_bias", False)) and honours_bias

@@ -19,6 +19,8 @@ Conventions (all Hugging Face's):
     included)
   * Gemma 2's attn_logit_softcapping c: scores c * tanh(s / c), before the mask
   * gpt-oss's sinks: a per-head logit in the softmax's denominator, no value
+  * Gemma 3: see reference/gemma3.py ((1 + w) norms, sandwich norms, GELU-tanh,
+    scaled embeddings, query_pre_attn_scalar, local RoPE base, final soft cap)
 
 `DenseLlama.rounded(dtype)` is the same model storing every tensor in a low
 precision: each weight, and each activation a low-precision engine writes
@@ -40,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig, RopeScaling, weight_names
+from reference.gemma3 import gelu_tanh, gemma_rms_norm, layer_rope, soft_cap
 from reference.rope import rope_inv_freq
 
 DTYPE = torch.float64
@@ -188,7 +191,8 @@ class DenseLlama:
         return self.stored_w[name].to(DTYPE)
 
     def _norm(self, x: Tensor, name: str) -> Tensor:
-        return self.store(rms_norm(x, self._weight(name), self.config.rms_norm_eps))
+        norm = gemma_rms_norm if self.config.norm_plus_one else rms_norm
+        return self.store(norm(x, self._weight(name), self.config.rms_norm_eps))
 
     def _linear(self, x: Tensor, name: str, bias: bool = False) -> Tensor:
         """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out], stored."""
@@ -211,6 +215,8 @@ class DenseLlama:
         if c.qk_norm:
             q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
         q, k = self.store(apply_rope(q, cos, sin)), self.store(apply_rope(k, cos, sin))
+        if c.query_pre_attn_scalar is not None:   # attention divides by sqrt(d): scores / sqrt(scalar) instead
+            q = q * math.sqrt(c.head_dim / c.query_pre_attn_scalar)
         k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
         v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
         sinks = self.w[p + "sinks"] if c.attn_sinks else None  # [H]
@@ -219,9 +225,10 @@ class DenseLlama:
         return self._linear(out, p + "o_proj", c.o_bias), k, v
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:
-        """SwiGLU: down(silu(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]."""
+        """down(act(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]; act SiLU (SwiGLU) or GELU-tanh (Gemma)."""
         p = f"model.layers.{layer}.mlp."
-        gate = torch.nn.functional.silu(self._linear(x, p + "gate_proj"))  # [T, I]
+        act = torch.nn.functional.silu if self.config.hidden_act == "silu" else gelu_tanh
+        gate = act(self._linear(x, p + "gate_proj"))  # [T, I]
         return self._linear(self.store(gate * self._linear(x, p + "up_proj")), p + "down_proj")
 
     def forward(self, token_ids: list[int], positions: list[int] | None = None,
@@ -263,25 +270,34 @@ class DenseLlama:
         windowed = None
         if c.sliding_window is not None:
             windowed = mask & window_visibility(pos, key_pos, c.sliding_window).to(self.device)  # [T, P+T]
-        cos, sin = rope_cos_sin(pos, c.head_dim, c.rope_theta, c.rope_scaling)  # [T, d] each
-        cos, sin = cos.to(self.device), sin.to(self.device)
+        tables = {}   # (base, scaling) -> cos, sin [T, d]: Gemma 3's sliding layers rotate with their own base
+        for base_scaling in {layer_rope(c, layer) for layer in range(c.num_layers)}:
+            tables[base_scaling] = tuple(t.to(self.device) for t in rope_cos_sin(pos, c.head_dim, *base_scaling))
 
-        h = self.store(self.w["model.embed_tokens.weight"][ids.to(self.device)])  # [T, hidden]
+        h = self.store(self.w["model.embed_tokens.weight"][ids.to(self.device)])  # [T, hidden], rows as stored
+        if c.embed_scale != 1.0:   # Gemma: the stored rows times sqrt(hidden), stored again
+            h = self.store(h * c.embed_scale)
         hiddens, ks, vs = [h], [], []
         for layer in range(c.num_layers):
             pre = f"model.layers.{layer}."
+            cos, sin = tables[layer_rope(c, layer)]
             attn_out, k, v = self._attention_block(
                 layer, self._norm(h, pre + "input_layernorm.weight"),
                 cos, sin, mask if c.window_of(layer) is None else windowed, None if past is None else (past[0][layer], past[1][layer]))
-            h = self.store(h + attn_out)
-            h = self.store(h + self._mlp(layer, self._norm(h, pre + "post_attention_layernorm.weight")))
+            if c.sandwich_norms:   # Gemma: the attention's output and the MLP's are normed before their adds
+                h = self.store(h + self._norm(attn_out, pre + "post_attention_layernorm.weight"))
+                mlp_out = self._mlp(layer, self._norm(h, pre + "pre_feedforward_layernorm.weight"))
+                h = self.store(h + self._norm(mlp_out, pre + "post_feedforward_layernorm.weight"))
+            else:
+                h = self.store(h + attn_out)
+                h = self.store(h + self._mlp(layer, self._norm(h, pre + "post_attention_layernorm.weight")))
             hiddens.append(h)
             ks.append(k)
             vs.append(v)
         if last_logits_only:
             h = h[-1:]  # [1, hidden]
         normed = self._norm(h, "model.norm.weight")  # [T or 1, hidden]
-        logits = self.store(normed @ self._weight("lm_head.weight").T)  # [T or 1, V]
+        logits = soft_cap(self.store(normed @ self._weight("lm_head.weight").T), c.final_logit_softcap)  # [T or 1, V]
         return ForwardResult(logits, hiddens, ks, vs)
 
     __call__ = forward

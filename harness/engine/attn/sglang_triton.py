@@ -137,7 +137,7 @@ class SGLangTritonBackend:
             args += [1.0, 1.0]
         # a sliding-window layer's mask carries the window in its prefix columns (meta.prefix_mask): the kernel
         # must read them; its own sliding_window_size would bound rows by their flat index, not their depth
-        self._fwd(*args, sm_scale=1.0 / q.shape[-1] ** 0.5, skip_prefix_custom_mask=not meta.prefix_mask,
+        self._fwd(*args, sm_scale=layer_attn.sm_scale(q.shape[-1]), skip_prefix_custom_mask=not meta.prefix_mask,
                   **kernel_extras(layer_attn, q.device))
         return o.to(q.dtype)
 

@@ -66,7 +66,7 @@ class SGLangUnifiedBackend(SGLangTritonBackend):
         indptr, indices, prefix_lens = self.unified_indices(meta)
         self._unified(q_, o, k_buffer.to(cd), v_buffer.to(cd), 1.0, 1.0, meta.qo_indptr, indptr, indices,
                       prefix_lens, meta.max_len_extend, custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr,
-                      sm_scale=1.0 / q.shape[-1] ** 0.5, is_causal=meta.custom_mask is None,
+                      sm_scale=layer_attn.sm_scale(q.shape[-1]), is_causal=meta.custom_mask is None,
                       **kernel_extras(layer_attn, q.device))
         return o.to(q.dtype)
 

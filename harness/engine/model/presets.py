@@ -40,6 +40,15 @@ PRESETS: dict[str, ModelConfig] = {
                               num_heads=4, num_kv_heads=2, head_dim=16, attn_sinks=True),
     "tiny-softcap": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
                                 num_heads=4, num_kv_heads=2, head_dim=16, attn_logit_softcap=2.0),
+    # Gemma 3's layout (Gemma3ForCausalLM): two sliding layers with their own RoPE base, then a full one; (1 + w)
+    # and sandwich norms, GELU-tanh, sqrt(hidden) embedding scale, a query_pre_attn_scalar that is not head_dim
+    # and a final soft cap near the logits' scale (each moves the logits: tests/unit/test_gemma3.py)
+    "tiny-gemma3": ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=3,
+                               num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1_000_000.0, qk_norm=True,
+                               tie_word_embeddings=True, sliding_window=8, sliding_layers=(0, 1),
+                               hidden_act="gelu_pytorch_tanh", norm_plus_one=True, sandwich_norms=True,
+                               embed_scale=8.0, query_pre_attn_scalar=24.0, rope_local_theta=10_000.0,
+                               final_logit_softcap=10.0),
     # real models' layouts cut to 2 layers and a small vocabulary (Llama-3.2-1B: hidden 2048, 32 query and
     # 8 KV heads of 64; Llama-3.1-8B: hidden 4096, 32 and 8 heads of 128); minutes on CPU, not for CI loops
     "llama-1b-cut": ModelConfig(vocab_size=1024, hidden_size=2048, intermediate_size=8192, num_layers=2,
@@ -63,8 +72,8 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for name in weight_names(cfg):
-        if name.endswith("norm.weight") or "layernorm" in name:
-            t = 1.0 + 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
+        if name.endswith("norm.weight") or "layernorm" in name:   # (1 + w) norms: w near 0, the same scale
+            t = (0.0 if cfg.norm_plus_one else 1.0) + 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         elif name.endswith(".bias"):
             t = 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         elif name.endswith("self_attn.sinks"):   # sink logits near the scores' scale: they take a real share
