@@ -103,9 +103,9 @@ def test_a_one_key_leak_fails_a_bf16_run(leak):
     assert noise.divergent_nodes > 0 and noise.max_noise_ratio > noise.noise_rule["multiplier"]
 
 
-def _rope_angles_in_bf16(self, positions):
+def _rope_angles_in_bf16(self, positions, inv_freq):
     """benchmarks/mutations/26-rope-angles-bf16.patch: the angles rounded to bf16 before cos/sin."""
-    freqs = (positions.to(torch.float64)[:, None] * self.inv_freq[None]).to(torch.bfloat16).double()
+    freqs = (positions.to(torch.float64)[:, None] * inv_freq[None]).to(torch.bfloat16).double()
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]
 
