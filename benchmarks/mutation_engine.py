@@ -118,6 +118,8 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
                 row.update(stage=r.summary.get("stage"), quantity=r.summary.get("quantity"),
                            fault_class=r.summary.get("fault_class"), explanation=r.summary.get("explanation"))
                 break
+        # the private copy's path is this machine's: shown as the tree's root
+        row = json.loads(json.dumps(row).replace(d, "."))
     row["outcome"] = mutant_outcome(runs, baseline)
     if row["outcome"] == "caught":
         row["explanation_score"] = score_explanation(truth, row["expected_stage"], row["stage"])
@@ -187,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen = stratified_sample(mutants, a.sample or len(mutants), a.seed)
     t0 = time.monotonic()
     baseline = baseline_fingerprints(a.timeout_s, memory)
-    meta = {"command": "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(
-                [x for x in (argv if argv is not None else sys.argv[1:])]),
+    args = [("cosmic-ray" if x == a.cosmic_ray else x) for x in (argv if argv is not None else sys.argv[1:])]
+    meta = {"command": "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args),
             "cosmic_ray": subprocess.run([a.cosmic_ray, "--version"], capture_output=True, text=True).stdout.strip(),
             "tree": tree_revision(), "matrix": [" ".join(m) for m in MATRIX], "common": " ".join(COMMON), "modules": sorted(truth.modules),
             "listed": len(listed), "in_scope": len(mutants), "in_annotations": annotations, "chosen": len(chosen),
