@@ -57,3 +57,50 @@ def test_engine_block_shapes():
     assert long.shape == (3, 5) and long.isnan().all() and why
     other_vocab, why = engine_block(torch.randn(3, 6), 3, 5)
     assert other_vocab.shape == (3, 5) and other_vocab.isnan().all() and why
+
+
+def _tree_with(tmp_path, module: str, line: str):
+    """A copy of ddcheck's packages with LINE appended to MODULE (a planted bug that raises at import)."""
+    import shutil
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    for pkg in ("harness", "reference", "ddschema"):
+        shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / module, "a") as f:
+        f.write("\n" + line + "\n")
+    return tmp_path
+
+
+def _run_cli(tree, *args):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "torch", "--max-new-tokens", "2",
+                           *args], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_an_engine_module_that_raises_at_import_is_an_engine_crash_with_a_summary(tmp_path):
+    import json
+    tree = _tree_with(tmp_path, "harness/engine/ddtree/mask.py", 'raise IndexError("planted at import")')
+    out = tree / "r.jsonl"
+    r = _run_cli(tree, "--out", str(out))
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("ddcheck: the engine under test raised IndexError: planted at import at "
+                           "harness/engine/ddtree/mask.py:"), line
+    crash, summary = [json.loads(x) for x in out.read_text().splitlines()]
+    assert crash["kind"] == "crash" and crash["side"] == "engine"
+    assert summary["kind"] == "summary" and summary["verdict"] == "diverge" and not summary["passed"]
+    assert summary["first"]["what"] == "crash" and summary["while"] == "importing"
+
+
+def test_a_ddcheck_module_that_raises_at_import_is_an_internal_error(tmp_path):
+    tree = _tree_with(tmp_path, "harness/check/records.py", 'raise KeyError("planted")')
+    r = _run_cli(tree)
+    assert r.returncode == 3, r.stderr
+    assert "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): KeyError: "
+                           "'planted' at harness/check/records.py:"), line
