@@ -85,7 +85,7 @@ def setting_run(r: CliRun) -> SettingRun:
 
 
 def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, timeout_s: float,
-          memory: int) -> dict:
+          memory: int, matrix: tuple[list[str], ...] = MATRIX) -> dict:
     """Apply M to a private copy of the tree and run the matrix until a setting catches it."""
     row = {"mutant": m.key, "module": m.module, "operator": m.operator, "family": operator_family(m.operator),
            "occurrence": m.occurrence, "line": m.line, "definition": m.definition,
@@ -101,7 +101,7 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
         row["diff"] = "".join(difflib.unified_diff(before.splitlines(True), (tree / m.module).read_text()
                                                    .splitlines(True), m.module, m.module, n=0))
         runs = []
-        for args in MATRIX:
+        for args in matrix:
             r = run_cli(tree, [*args, *COMMON], tree / "records.jsonl", timeout_s, memory)
             sr = setting_run(r)
             runs.append(sr)
@@ -126,12 +126,13 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
     return row
 
 
-def baseline_fingerprints(timeout_s: float, memory: int) -> list[str | None]:
+def baseline_fingerprints(timeout_s: float, memory: int,
+                          matrix: tuple[list[str], ...] = MATRIX) -> list[str | None]:
     """The unmutated tree over the matrix: every setting must pass (else no mutant can be judged)."""
     out = []
     with tempfile.TemporaryDirectory(prefix="ddcheck-crbase-") as d:
         copy_tree(Path(d))
-        for args in MATRIX:
+        for args in matrix:
             r = run_cli(Path(d), [*args, *COMMON], Path(d) / "records.jsonl", timeout_s, memory)
             if r.exit != 0:
                 raise SystemExit(f"the unmutated tree fails `{' '.join(args)}` (exit {r.exit}): {r.stderr_tail}")
