@@ -36,7 +36,7 @@ def test_two_cosmic_ray_mutants_judged(tmp_path):
     baseline = baseline_fingerprints(120, 0, ONE)
     caught = judge(mask, truth, baseline, COSMIC_RAY, 120, 0, ONE)
     assert caught["outcome"] == "caught", caught["runs"]
-    assert "+            vis[i, i] = False" in caught["diff"]
+    assert "+        vis[i, i] = False" in caught["diff"]
     assert caught["expected_stage"] == "mask" and caught["stage"] == "mask"
     assert caught["explanation_score"] == "right"
     equivalent = judge(schema, truth, baseline, COSMIC_RAY, 120, 0, ONE)
