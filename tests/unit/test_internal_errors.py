@@ -12,6 +12,7 @@ from harness.check.prepare import prepare
 from harness.check.records import RecordWriter
 from harness.engine.settings import RunSettings
 
+import pytest
 import torch
 
 SETTING = dict(backend="torch", budget=8, topk=2, max_new_tokens=6, stop_after=1)
@@ -104,3 +105,53 @@ def test_a_ddcheck_module_that_raises_at_import_is_an_internal_error(tmp_path):
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): KeyError: "
                            "'planted' at harness/check/records.py:"), line
+
+
+def _first_batch():
+    p = prepare(RunSettings(**{**SETTING, "batch": 2}))
+    result = next(p.engine.rounds())
+    return result.batch.attn, result.batch.input_ids.numel(), p.engine.pool.k_buffer[0].shape[0]
+
+
+def test_metadata_the_interpreted_kernel_could_follow_outside_its_buffers_is_raised():
+    from harness.engine.attn.bounds import KernelBoundsError, check_kernel_reads
+    meta, rows, slots = _first_batch()
+    check_kernel_reads(meta, rows, slots)   # the engine's own metadata: every read inside its buffer
+    bad = {
+        "kv_indptr must hold 3 entries": replace(meta, kv_indptr=meta.kv_indptr[:-1].clone()),
+        "qo_indptr .* is not a non-decreasing": replace(meta, qo_indptr=meta.qo_indptr + rows),
+        "kv_indices hold slot": replace(meta, kv_indices=meta.kv_indices + slots),
+        "out_cache_loc": replace(meta, out_cache_loc=meta.out_cache_loc[:1].clone()),
+        "mask_indptr .* is not a non-decreasing": replace(meta, custom_mask=meta.custom_mask[:-1].clone()),
+        "request 1's mask block": replace(meta, mask_indptr=meta.mask_indptr + torch.tensor([0, 1, 0])),
+        "mask_indptr must hold": replace(meta, mask_indptr=meta.mask_indptr[:1].clone()),
+    }
+    for message, m in bad.items():
+        with pytest.raises(KernelBoundsError, match=message):
+            check_kernel_reads(m, rows, slots)
+    # a buffer declared shorter over the same storage (the graph runner's) is read past its end harmlessly:
+    # a wrong value the check judges, not a dead process
+    check_kernel_reads(replace(meta, custom_mask=meta.custom_mask[:-1]), rows, slots)
+
+
+def test_a_graph_kv_indptr_one_short_under_the_interpreter_is_an_engine_crash_not_a_dead_process(tmp_path):
+    """The graph runner's static kv_indptr two entries short (a cosmic-ray mutant, `bucket + 1` -> `bucket - 1`):
+    SGLang's interpreted kernel read past it and the run died by signal 11 with no records."""
+    import json
+    tree = _tree_with(tmp_path, "harness/engine/graph.py", "")
+    graph = tree / "harness/engine/graph.py"
+    src = graph.read_text()
+    assert "kv_indptr=torch.arange(bucket + 1, **i64)" in src
+    graph.write_text(src.replace("kv_indptr=torch.arange(bucket + 1, **i64)", "kv_indptr=torch.arange(bucket - 1, **i64)"))
+    out = tree / "r.jsonl"
+    import os
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "sglang-triton", "--cuda-graph",
+                        "--budget", "8", "--topk", "4", "--batch", "3", "--max-new-tokens", "4", "--stop-after", "1",
+                        "--out", str(out)], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert summary["kind"] == "summary" and summary["first"]["what"] == "crash"
+    assert summary["crash"]["side"] == "engine" and "kv_indptr" in summary["crash"]["error"]
