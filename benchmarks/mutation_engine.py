@@ -43,6 +43,7 @@ from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotat
                               stratified_sample, tally, totals)
 
 TRUTH = ROOT / "benchmarks" / "mutation_truth.toml"
+LOCALIZER_FAILED = "(an internal error)"   # harness/check/crash.py's words for ddcheck's own side
 COMMON = ["--model", "tiny", "--max-new-tokens", "10", "--stop-after", "1", "--dtype", "float32"]
 # the quick matrix: topk 1 and 4, batch 1 and 3, page size 1 and 16, graph off and on, both acceptors,
 # the torch backend and both of SGLang's extend kernels; cheapest first (a run stops at the first caught)
@@ -80,8 +81,10 @@ def in_scope(mutants: list[Mutant], truth: Truth) -> tuple[list[Mutant], int]:
 
 def setting_run(r: CliRun) -> SettingRun:
     s = r.summary or {}
+    # ddcheck's own exception: the run's one line, or a localizer that raised (kept as a note, the verdict stands)
+    internal = INTERNAL_ERROR in r.stderr_tail or any(LOCALIZER_FAILED in n for n in s.get("notes") or ())
     return SettingRun(exit=r.exit, what=(s.get("first") or {}).get("what"), has_summary=r.summary is not None,
-                      internal_error=INTERNAL_ERROR in r.stderr_tail, fingerprint=r.fingerprint)
+                      internal_error=internal, fingerprint=r.fingerprint)
 
 
 def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, timeout_s: float,

@@ -155,3 +155,20 @@ def test_a_graph_kv_indptr_one_short_under_the_interpreter_is_an_engine_crash_no
     summary = json.loads(out.read_text().splitlines()[-1])
     assert summary["kind"] == "summary" and summary["first"]["what"] == "crash"
     assert summary["crash"]["side"] == "engine" and "kv_indptr" in summary["crash"]["error"]
+
+
+def test_the_attention_audit_on_a_probe_that_saw_no_key_is_no_match_not_an_error():
+    """A torch-backend mutant summing the softmax denominator over the wrong dimension (`p.sum(-1)` ->
+    `p.sum(-0)`): the probe measured no visible key on any row, and amax over no row raised in the
+    localizer (a caught run with no explanation and 'localizer failed: ddcheck itself ...')."""
+    from harness.check.localize.attention_audit import _explains
+    from harness.engine.attn.base import PLAIN
+    rows, keys, heads, d = 3, 5, 2, 4
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, heads, d, generator=g, dtype=torch.float64) for n in (rows, keys, keys))
+    nothing = torch.zeros(rows, keys, dtype=torch.bool)
+    assert _explains(torch.randn(rows, heads, d, dtype=torch.float64), q, k, v, nothing, PLAIN) is False
+    causal = torch.ones(rows, keys, dtype=torch.bool)
+    probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5, -1)
+    right = torch.einsum("hqk,khd->qhd", probs, v)   # [rows, heads, d]
+    assert _explains(right, q, k, v, causal, PLAIN) is True
