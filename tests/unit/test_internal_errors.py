@@ -172,3 +172,24 @@ def test_the_attention_audit_on_a_probe_that_saw_no_key_is_no_match_not_an_error
     probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5, -1)
     right = torch.einsum("hqk,khd->qhd", probs, v)   # [rows, heads, d]
     assert _explains(right, q, k, v, causal, PLAIN) is True
+
+
+def test_a_qo_indptr_the_probe_cannot_follow_is_named_by_the_metadata_audit_not_an_index_error():
+    """The verify inputs' qo_indptr empty (a mutant `(bs + 1) * q_len` -> `(bs + 1) >> q_len`): the torch
+    backend still ran and the run diverged, then the localizer's mask probe indexed qo_indptr[-1] and raised
+    (a caught run with no explanation)."""
+    from harness.check.prepare import derive
+
+    def empty_qo(build):
+        def build_verify_batch(*args, **kw):
+            vb = build(*args, **kw)
+            return replace(vb, attn=replace(vb.attn, qo_indptr=vb.attn.qo_indptr[:0].clone()))
+        return build_verify_batch
+
+    p = prepare(RunSettings(**{**SETTING, "topk": 1}))
+    p = derive(p, pipeline=replace(p.engine.pipeline, build_verify_batch=empty_qo(p.engine.pipeline.build_verify_batch)))
+    w = RecordWriter(None)
+    summary = check(p, w)
+    assert summary.verdict == "diverge" and summary.crash is None
+    assert not any("localizer failed" in n for n in summary.notes), summary.notes
+    assert (summary.stage, summary.quantity) == ("verify inputs", "qo_indptr"), summary.explanation
