@@ -87,6 +87,14 @@ def setting_run(r: CliRun) -> SettingRun:
                       internal_error=internal, fingerprint=r.fingerprint)
 
 
+def without_machine_paths(text: str, tree: str) -> str:
+    """The private copy's path shown as the tree's root, the interpreter's as <python>: no path of this
+    machine in the results."""
+    for path, shown in ((tree, "."), (sys.prefix, "<python>"), (sys.base_prefix, "<python>")):
+        text = text.replace(path, shown)
+    return text
+
+
 def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, timeout_s: float,
           memory: int, matrix: tuple[list[str], ...] = MATRIX) -> dict:
     """Apply M to a private copy of the tree and run the matrix until a setting catches it."""
@@ -121,8 +129,7 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
                 row.update(stage=r.summary.get("stage"), quantity=r.summary.get("quantity"),
                            fault_class=r.summary.get("fault_class"), explanation=r.summary.get("explanation"))
                 break
-        # the private copy's path is this machine's: shown as the tree's root
-        row = json.loads(json.dumps(row).replace(d, "."))
+        row = json.loads(without_machine_paths(json.dumps(row), d))
     row["outcome"] = mutant_outcome(runs, baseline)
     if row["outcome"] == "caught":
         row["explanation_score"] = score_explanation(truth, row["expected_stage"], row["stage"])
