@@ -39,7 +39,7 @@ from pathlib import Path
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
 from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, in_annotation,
-                              mutant_outcome, operator_family, score_explanation, setting_outcome,
+                              markdown, mutant_outcome, operator_family, score_explanation, setting_outcome,
                               stratified_sample, tally, totals)
 
 TRUTH = ROOT / "benchmarks" / "mutation_truth.toml"
@@ -179,7 +179,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--memory-gib", type=float, default=6.0, help="address-space cap per ddcheck run")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="start no mutant after this long (0: none)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mutation-engine.json"))
+    ap.add_argument("--tables", metavar="JSON", help="print the per-module and per-operator tables of a results "
+                    "file and exit (nothing is run)")
     a = ap.parse_args(argv)
+    if a.tables:
+        return a
     if not a.cosmic_ray or not shutil.which(a.cosmic_ray):
         ap.error("cosmic-ray 8.x not found: install the [mutate] extra (a venv of its own) and pass --cosmic-ray")
     if a.sample < 0 or a.jobs < 1 or a.timeout_s <= 0 or a.memory_gib <= 0:
@@ -187,8 +191,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
+def print_tables(path: Path) -> int:
+    body = json.loads(path.read_text())
+    print(json.dumps(body["totals"], indent=1))
+    for key, name in (("per_module", "module"), ("per_operator", "operator"), ("per_stage", "stage")):
+        print("\n" + markdown(body[key], name))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.tables:
+        return print_tables(Path(a.tables))
     truth, out, memory = Truth.load(TRUTH), Path(a.out).resolve(), int(a.memory_gib * GiB)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ddcheck-cr-") as d:

@@ -191,3 +191,12 @@ def totals(rows: list[dict]) -> dict:
             "caught_share": share("caught", changing), "no_judge_share": share("no-judge", changing),
             **{f"explained_{s}": t.get(s, 0) for s in SCORES},
             **{f"explained_{s}_share": share(s, caught) for s in SCORES}}
+
+
+def markdown(per: dict[str, dict[str, int]], key: str) -> str:
+    """A tally as a markdown table (docs/MUTATIONS.md's per-module and per-operator tables)."""
+    cols = (*OUTCOMES, *SCORES, "internal_errors")
+    lines = [f"| {key} | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+             "| --- |" + " --- |" * len(cols)]
+    lines += [f"| {k} | " + " | ".join(str(t[c]) for c in cols) + " |" for k, t in per.items()]
+    return "\n".join(lines)

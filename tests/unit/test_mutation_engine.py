@@ -137,3 +137,12 @@ def test_tallies_and_the_issue_figures():
     assert t["behaviour_changing"] == 3 and t["caught_share"] == round(2 / 3, 4)
     assert t["no_judge_share"] == round(1 / 3, 4) and t["internal_errors"] == 1
     assert t["explained_right_share"] == 0.5 and t["explained_wrong"] == 0
+
+
+def test_markdown_table_of_a_tally():
+    from mutation_judging import markdown
+    rows = [{"module": "a.py", "family": "AddNot", "outcome": "caught", "explanation_score": "right",
+             "internal_error": False}]
+    text = markdown(tally(rows, "module"), "module").splitlines()
+    assert text[0].startswith("| module | caught | crash-only |") and text[1].startswith("| --- |")
+    assert text[2] == "| a.py | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | 0 |"
