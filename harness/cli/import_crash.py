@@ -37,15 +37,17 @@ def out_path(argv: list[str]) -> Path | None:
     return None
 
 
-def records(crash: Crash, setting: str) -> list[dict]:
-    """The crash record and a failing summary: no verify step ran, nothing was compared."""
+def records(crash: Crash, setting: str, during: str = "importing") -> list[dict]:
+    """The crash record and a failing summary for a process that ended DURING importing (no verify step
+    ran) or running (its own records never written: harness/cli/watchdog.py)."""
     engine = crash.side == "engine"
     first = ({"step": -1, "request": -1, "node": -1, "depth": None, "padding_present": False, "rel_err": None,
               "what": "crash", "detail": crash.sentence()} if engine else None)
     summary = {"kind": "summary", "setting": setting, "passed": False, "verdict": VERDICTS[crash.side],
-               "while": "importing", "nodes_checked": 0, "divergent_nodes": 0, "steps": 0, "first": first,
+               "while": during, "nodes_checked": 0, "divergent_nodes": 0, "steps": 0, "first": first,
                "crash": crash.brief(), "error": crash.error, "fault_class": "crash" if engine else None,
-               "explanation": crash.sentence() + ", while ddcheck imported it", "stage": None, "quantity": None}
+               "explanation": crash.sentence() + (", while ddcheck imported it" if during == "importing" else ""),
+               "stage": None, "quantity": None}
     return [crash.record(setting), summary]
 
 

@@ -193,3 +193,25 @@ def test_a_qo_indptr_the_probe_cannot_follow_is_named_by_the_metadata_audit_not_
     assert summary.verdict == "diverge" and summary.crash is None
     assert not any("localizer failed" in n for n in summary.notes), summary.notes
     assert (summary.stage, summary.quantity) == ("verify inputs", "qo_indptr"), summary.explanation
+
+
+def test_a_kernel_call_that_kills_its_process_is_an_engine_crash_with_a_summary(tmp_path):
+    """The unified adapter hands SGLang's build_unified_kv_indices a batch size past the metadata's
+    (a cosmic-ray mutant, `numel() - 1` -> `numel() ^ 1`): the interpreted kernel reads outside its
+    buffers and the process dies by signal 11 (no exception to catch). The command's parent process
+    reads the fault handler's stack and gives the verdict (harness/cli/watchdog.py)."""
+    import json
+    tree = _tree_with(tmp_path, "harness/engine/attn/sglang_unified.py", "")
+    f = tree / "harness/engine/attn/sglang_unified.py"
+    f.write_text(f.read_text().replace("bs = meta.qo_indptr.numel() - 1", "bs = meta.qo_indptr.numel() ^ 1"))
+    out = tree / "r.jsonl"
+    r = _run_cli(tree, "--backend", "sglang-unified", "--budget", "16", "--out", str(out))
+    if r.returncode == 0:
+        pytest.skip("this machine's process survived the out-of-bounds read (nothing to judge)")
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    (line,) = r.stderr.strip().splitlines()[-1:]
+    assert line.startswith("ddcheck: the engine under test: the process died by SIG"), line
+    assert "harness/engine/attn/sglang_unified.py:" in line
+    crash, summary = [json.loads(x) for x in out.read_text().splitlines()]
+    assert crash["side"] == "engine" and summary["verdict"] == "diverge" and summary["first"]["what"] == "crash"
+    assert summary["while"] == "running"
