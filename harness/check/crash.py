@@ -100,6 +100,8 @@ def attribute(e: BaseException, step: int | None = None, in_step: bool = False) 
     """The side whose code raised `e`; a traceback with no frame of any side
     (raised in a library called from nowhere we know) is ddcheck's."""
     frames = traceback.extract_tb(e.__traceback__)
+    if isinstance(e, SyntaxError) and e.filename:   # the error is in the file being compiled, not in its importer
+        frames.append(traceback.FrameSummary(e.filename, e.lineno or 0, "<module>"))
     side, where = "ddcheck", None
     for frame in reversed(frames):
         found = side_of(frame.filename)

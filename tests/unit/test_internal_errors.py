@@ -215,3 +215,35 @@ def test_a_kernel_call_that_kills_its_process_is_an_engine_crash_with_a_summary(
     crash, summary = [json.loads(x) for x in out.read_text().splitlines()]
     assert crash["side"] == "engine" and summary["verdict"] == "diverge" and summary["first"]["what"] == "crash"
     assert summary["while"] == "running"
+
+
+def test_a_syntax_error_in_an_engine_module_is_the_engines_not_its_importers(tmp_path):
+    """cosmic-ray's `while active := ...` -> `while not active := ...` in the engine loop does not compile:
+    the SyntaxError's frames end in the importer (harness/check/prepare.py), which made it ddcheck's
+    internal error (exit 3); the error is in the file being compiled."""
+    tree = _tree_with(tmp_path, "harness/engine/loop.py", "")
+    f = tree / "harness/engine/loop.py"
+    src = f.read_text()
+    assert "while active := self._retire_finished():" in src
+    f.write_text(src.replace("while active := self._retire_finished():", "while not active := self._retire_finished():"))
+    r = _run_cli(tree)
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("ddcheck: the engine under test raised SyntaxError: ") and \
+        " at harness/engine/loop.py:" in line, line
+
+
+def test_a_pool_sized_with_no_slot_is_the_engines_crash_not_the_canarys():
+    """A paged pool sized `(2 + requests * pages) & page_size` (a cosmic-ray mutant) has no slot: the KV
+    canary indexed its padding slot and raised (ddcheck's instrument: an internal error). Now the canary
+    builds, and the engine's allocator refuses the first allocation."""
+    from harness.check.crash import attribute
+    from harness.engine.mem.allocator import OutOfSlots
+    from harness.engine.mem.pool import KVPool
+    from harness.engine.model.presets import model_config
+    from harness.engine.mem.provenance import SlotProvenance
+    assert SlotProvenance(0).owner.numel() == 0
+    pool = KVPool(model_config("tiny"), 0, torch.float32, "cpu")
+    with pytest.raises(OutOfSlots) as e:
+        pool.allocator.alloc(1)
+    assert attribute(e.value).side == "engine"
