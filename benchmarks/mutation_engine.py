@@ -90,7 +90,8 @@ def setting_run(r: CliRun) -> SettingRun:
 def without_machine_paths(text: str, tree: str) -> str:
     """The private copy's path shown as the tree's root, the interpreter's as <python>: no path of this
     machine in the results."""
-    for path, shown in ((tree, "."), (sys.prefix, "<python>"), (sys.base_prefix, "<python>")):
+    for path, shown in ((tree, "."), (sys.prefix, "<python>"), (sys.base_prefix, "<python>"),
+                        (tempfile.gettempdir() + "/", "<tmp>/")):
         text = text.replace(path, shown)
     return text
 
