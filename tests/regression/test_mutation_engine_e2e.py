@@ -30,8 +30,9 @@ def test_two_cosmic_ray_mutants_judged(tmp_path):
                                 if k in ("harness/engine/ddtree/mask.py", "ddschema/records.py")})
     mutants = cosmic_ray_mutants(COSMIC_RAY, truth, tmp_path)
     # a real row no longer sees itself (`vis[i, i] = True` -> False in tree_visibility)
-    mask = next(m for m in mutants if m.module.endswith("mask.py") and m.definition == "tree_visibility"
-                and m.operator == "core/ReplaceTrueWithFalse")
+    # (the first such site, a real row's; the second, a padding row's, is equivalent without padding)
+    mask = min((m for m in mutants if m.module.endswith("mask.py") and m.definition == "tree_visibility"
+                and m.operator == "core/ReplaceTrueWithFalse"), key=lambda m: m.line)
     schema = next(m for m in mutants if m.module == "ddschema/records.py" and m.operator == "core/NumberReplacer")
     baseline = baseline_fingerprints(120, 0, ONE)
     caught = judge(mask, truth, baseline, COSMIC_RAY, 120, 0, ONE)
