@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
-import sys
 import tempfile
-import time
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from mutation_common import ROOT, copy_tree, run_cli
+
 CORPUS = ROOT / "tests" / "mutations"
 COMMON = ["--max-new-tokens", "10", "--stop-after", "1"]
 SETTINGS = {   # small on purpose: a few budgets/topk, torch, plus SGLang's kernel and acceptor where relevant
@@ -54,28 +51,9 @@ def load_corpus() -> list[dict]:
     return tomllib.loads((CORPUS / "mutations.toml").read_text())["mutation"]
 
 
-def copy_tree(dest: Path) -> None:
-    """The working tree's tracked and untracked-not-ignored files (what the patches are written against)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for f in files:
-        src = ROOT / f
-        if src.is_file() and not f.startswith(("benchmarks/results/", "reports/")):
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / f)
-
-
 def run_setting(tree: Path, args: list[str]) -> tuple[int, dict | None, float]:
-    out = tree / "records.jsonl"
-    out.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    rc = subprocess.run([sys.executable, "-m", "harness", "run", *args, *COMMON, "--out", str(out)], cwd=tree,
-                        env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True).returncode
-    summary = None
-    if out.exists():
-        lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
-        summary = next((x for x in reversed(lines) if x.get("kind") == "summary"), None)
-    return rc, summary, time.perf_counter() - t0
+    r = run_cli(tree, [*args, *COMMON], tree / "records.jsonl")
+    return r.exit, r.summary, r.seconds
 
 
 def score(m: dict) -> dict:

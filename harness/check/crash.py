@@ -128,6 +128,8 @@ def attribute(e: BaseException, step: int | None = None, in_step: bool = False) 
     (raised in a library called from nowhere we know) is ddcheck's."""
     walked = list(traceback.walk_tb(e.__traceback__))
     frames = traceback.extract_tb(e.__traceback__)
+    if isinstance(e, SyntaxError) and e.filename:   # the error is in the file being compiled, not in its importer
+        frames.append(traceback.FrameSummary(e.filename, e.lineno or 0, "<module>"))
     side, where = "ddcheck", None
     for (live, _), frame in zip(reversed(walked), reversed(frames)):
         found = "port" if _is_port_frame(live) else side_of(frame.filename)

@@ -12,7 +12,7 @@ import torch
 
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
-from harness.check.compare.metrics import compare_rows, rel_l2
+from harness.check.compare.metrics import compare_rows, engine_block, rel_l2
 from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.check.crash import Crash, attribute
@@ -78,6 +78,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
+                rs = _engine_rows(rs, p.engine.cfg.vocab_size, summary)
                 ref = _check_request_step(rs, p, summary, writer, progress)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
                 _check_against_reference(p, rs, ref, summary, writer)
@@ -175,6 +176,16 @@ def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> C
     writer.write(crash.record(summary.setting))
     writer.write(summary_record(s, summary))
     return summary
+
+
+def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestStep:
+    """The request's logits as [q_len, vocab]: a block of another shape is the engine's divergence
+    (compare/metrics.py engine_block), noted, never an error of the check."""
+    logits, wrong_shape = engine_block(rs.logits, rs.tree.q_len, vocab)   # [q_len, vocab]
+    if wrong_shape is None:
+        return rs
+    summary.notes.append(f"step {rs.step}, request {rs.rid}: {wrong_shape}")
+    return replace(rs, logits=logits)
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,

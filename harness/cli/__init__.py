@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 
 from harness.cli.app import app  # noqa: F401  (the application the commands register on)
-from harness.cli.common import USAGE_ERRORS, exit_usage
 
 
 def _register() -> None:
@@ -24,16 +23,24 @@ def _register() -> None:
 
 
 def main() -> None:
+    from harness.cli import watchdog
+    if not watchdog.in_child():   # a kernel that kills its process still ends in a verdict (watchdog.py)
+        sys.exit(watchdog.run_in_child(sys.argv[1:]))
+    dump = watchdog.enable_fault_dump()  # noqa: F841  (open for the process's life)
+    try:   # the commands and all they import (the engine under test among them): a raise here is attributed
+        import os
+        import torch
+        from harness.cli.common import USAGE_ERRORS, exit_usage, threads_from_env
+        _register()
+    except Exception as e:  # noqa: BLE001  (harness/cli/import_crash.py: a verdict, never a bare traceback)
+        from harness.cli.import_crash import crashed_while_importing
+        crashed_while_importing(e)
     # The presets are tiny: extra intra-op threads only fight over the cores
     # (measured: --batch 4 ran 2x faster on 1 thread than on 2). Sweeps use processes.
-    import os
-    import torch
-    from harness.cli.common import threads_from_env
     try:
         torch.set_num_threads(threads_from_env(os.environ))
     except USAGE_ERRORS as e:
         exit_usage(e)
-    _register()
     try:
         app(standalone_mode=True)
     except USAGE_ERRORS as e:  # raised outside a command's own handling

@@ -20,11 +20,13 @@ def test_bad_device_is_a_usage_error(device):
         pick_device(device)
 
 
-def test_usage_error_outside_a_command_exits_2_in_one_line(monkeypatch, capsys):
+def test_usage_error_outside_a_command_exits_2_in_one_line(monkeypatch, capsys, tmp_path):
     """main() maps a usage error that escapes typer to exit 2 and one stderr line, no traceback."""
     def boom(**_):
         raise UsageError("bad case file")
     monkeypatch.setattr(cli, "app", boom)
+    # as the watchdog's child (harness/cli/watchdog.py), so main() runs the command in this process
+    monkeypatch.setenv("DDCHECK_FAULT_DUMP", str(tmp_path / "fault.txt"))
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == 2

@@ -23,6 +23,21 @@ class NodeMetrics:
         return "match" if self.top1_agree else "near-tie"
 
 
+def engine_block(logits: torch.Tensor, rows: int, vocab: int) -> tuple[torch.Tensor, str | None]:
+    """The engine's logits for one request's verify rows as [rows, vocab], and what was wrong with their
+    shape (None: nothing). A block of another shape is the engine's output, so a divergence, never an
+    error of the check: rows the engine did not produce are NaN (non-finite, so divergent), and a block
+    longer than the tree, or of another vocabulary, is NaN throughout (no row of it can be trusted
+    to be the node it stands for). logits  # [n, vocab'] as the engine returned it."""
+    if logits.dim() == 2 and tuple(logits.shape) == (rows, vocab):
+        return logits, None
+    out = torch.full((rows, vocab), float("nan"), dtype=torch.float32, device=logits.device)  # [rows, vocab]
+    if logits.dim() == 2 and logits.shape[0] < rows and logits.shape[1] == vocab:
+        out[:logits.shape[0]] = logits
+    return out, (f"the engine returned a logits block of shape {list(logits.shape)} for {rows} verify rows "
+                 f"of a {vocab}-token vocabulary; rows it did not produce are judged non-finite")
+
+
 def compare_node(engine: torch.Tensor, ref: torch.Tensor) -> NodeMetrics:
     """engine  # [vocab] any float dtype; ref  # [vocab] float64."""
     return compare_rows(engine[None], ref[None])[0]

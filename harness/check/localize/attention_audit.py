@@ -136,6 +136,8 @@ def _explains(got, q, keys, vals, effective, layer_attn: LayerAttention) -> bool
     """The backend's output is a right softmax over the visibility the probe measured: it misreads the mask,
     its arithmetic is right."""
     live = effective.any(-1)
+    if not bool(live.any()):   # the probe saw no row attend any key: there is no softmax over it to match
+        return False
     ref = _reference(q, keys, vals, effective, layer_attn)[live]
     err = float((got[live] - ref).abs().nan_to_num(float("inf")).amax()) / max(float(ref.abs().max()), 1e-30)
     return err <= TOLERANCE

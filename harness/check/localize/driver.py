@@ -18,6 +18,7 @@ from harness.check.localize.mask_probe import diff_request, dummy_request, probe
 from harness.check.localize.metadata_audit import audit_round
 from harness.check.localize.window_audit import audit_window
 from harness.check.localize.wrong import Wrong
+from harness.engine.attn.bounds import KernelBoundsError, check_kernel_reads
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,12 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         ev.graph = audit_replay(replay)
     meta = replay.meta if replay is not None else vb.attn
     cfg = engine.cfg
+    rows = (replay.input_ids if replay is not None else vb.input_ids).numel()
+    if not _follows_its_buffers(meta, rows, engine.pool.k_buffer[0].shape[0]):
+        # the probe, the attention audit and the bisect walk the batch by its indptrs: a layout they cannot
+        # follow is left to the metadata audit, which names the wrong quantity (it ran for this round above)
+        ev.num_rows = trees[b].num_rows if b < len(trees) else 0
+        return
     vis = probe_visibility(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                            engine.s.torch_dtype, engine.s.device)
     att = audit_attention(engine.backend, meta, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, engine.s.device,
@@ -143,6 +150,15 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
                                f"the residual stream at node {first.node} leaves tolerance "
                                + ("at the embedding" if layer == 0 else f"after layer {layer - 1}")
                                + f" ({err:.2e} relative against the oracle's hidden state of the node's path)"))
+
+
+def _follows_its_buffers(meta, rows: int, slots: int) -> bool:
+    """Every indptr of the batch has an entry per request plus one and stays inside the buffer it indexes."""
+    try:
+        check_kernel_reads(meta, rows, slots)
+    except KernelBoundsError:
+        return False
+    return True
 
 
 def _owned_slots(engine, result) -> list[frozenset[int]]:

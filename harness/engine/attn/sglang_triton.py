@@ -14,6 +14,7 @@ import sys
 import torch
 
 from harness.engine.attn.base import PLAIN, BackendUnavailable, LayerAttention
+from harness.engine.attn.bounds import check_kernel_reads
 from harness.engine.ddtree.verify_inputs import AttnMetadata
 
 MODULE_PATHS = (
@@ -127,6 +128,8 @@ class SGLangTritonBackend:
 
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
                 layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
+        if self.interpret:   # an interpreted read past a buffer kills the process (attn/bounds.py)
+            check_kernel_reads(meta, q.shape[0], k_buffer.shape[0])
         cd = self.compute_dtype
         q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()
         o = torch.empty_like(q_)

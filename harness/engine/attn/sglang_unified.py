@@ -15,6 +15,7 @@ import importlib
 
 import torch
 
+from harness.engine.attn.bounds import check_kernel_reads
 from harness.engine.attn.base import PLAIN, BackendUnavailable, LayerAttention
 from harness.engine.attn.sglang_triton import (INSTALL_HINT, MODULE_PATHS, SGLangTritonBackend, _one_line, kernel_extras,
                                         prepare_interpreter)
@@ -60,6 +61,8 @@ class SGLangUnifiedBackend(SGLangTritonBackend):
 
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
                 layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
+        if self.interpret:   # an interpreted read past a buffer kills the process (attn/bounds.py)
+            check_kernel_reads(meta, q.shape[0], k_buffer.shape[0])
         cd = self.compute_dtype
         q_ = q.to(cd).contiguous()
         o = torch.empty_like(q_)

@@ -41,7 +41,8 @@ class SlotProvenance:
         self.owner = torch.full((num_slots,), FREE, dtype=torch.int64)
         self.position = torch.full((num_slots,), -1, dtype=torch.int64)
         self.token = torch.full((num_slots,), -1, dtype=torch.int64)
-        self.owner[PADDING_SLOT] = BATCH_PADDING
+        if num_slots > PADDING_SLOT:   # a pool sized too small is the engine's to find (its alloc raises)
+            self.owner[PADDING_SLOT] = BATCH_PADDING
 
     def stamp(self, slots: torch.Tensor, owners: torch.Tensor, positions: torch.Tensor,
               tokens: torch.Tensor) -> None:
