@@ -24,9 +24,12 @@ def _register() -> None:
 
 def main() -> None:
     from harness.cli import watchdog
-    if not watchdog.in_child():   # a kernel that kills its process still ends in a verdict (watchdog.py)
+    # a kernel that kills its process still ends in a verdict (watchdog.py). Only a single run is watched:
+    # sweep and gate own their process (its pid, its signals) and judge each setting in a worker of its own
+    watched = sys.argv[1:2] == ["run"]
+    if watched and not watchdog.in_child():
         sys.exit(watchdog.run_in_child(sys.argv[1:]))
-    dump = watchdog.enable_fault_dump()  # noqa: F841  (open for the process's life)
+    dump = watchdog.enable_fault_dump() if watchdog.in_child() else None  # noqa: F841  (open for the process's life)
     try:   # the commands and all they import (the engine under test among them): a raise here is attributed
         import os
         import torch
