@@ -22,6 +22,10 @@ def calibrate(
     case: Path = typer.Argument(..., help="the case file whose fault-free matrix is measured (and rewritten)"),
     model: Optional[str] = typer.Option(None, help="measure this model instead of the case's (preset or checkpoint)"),
     out: Optional[Path] = typer.Option(None, help="write the calibrated case here (default: the case file itself)"),
+    leaks: bool = typer.Option(True, "--leaks/--no-leaks", help="run the one-key leaks under the calibrated rule "
+                               "before writing it (bf16/fp16 settings)"),
+    require_leaks_caught: bool = typer.Option(False, help="write nothing and exit 1 when the rule lets a one-key "
+                                              "leak pass (default: write it, with the uncaught leaks named)"),
 ) -> None:
     """Run the case's fault-free settings, print the per-dtype error distribution
     and write [tolerances] (a noise floor for bf16/fp16, a fixed one for float32)."""
@@ -58,6 +62,34 @@ def calibrate(
         typer.echo("calibrate: some fault-free settings diverged under the default rule; nothing written "
                    "(a divergence is not noise: run them and look)", err=True)
         raise typer.Exit(1)
+    notes = _prove_leaks(settings, result, err) if leaks else []
+    missed = [line for line in notes if "NOT CAUGHT" in line]
+    if missed and require_leaks_caught:
+        typer.echo(f"calibrate: the rule lets {len(missed)} leak run(s) pass; nothing written "
+                   "(--require-leaks-caught):\n" + "\n".join(missed), err=True)
+        raise typer.Exit(1)
     target = out or case
-    write_tolerances(case, result, target)
-    typer.echo(f"wrote [tolerances] to {target}")
+    write_tolerances(case, result, target, notes)
+    typer.echo(f"wrote [tolerances] to {target}" + (f"; {len(missed)} leak run(s) NOT caught under it, named "
+                                                    "there" if missed else ""))
+
+
+def _prove_leaks(settings, result, err: Console) -> list[str]:
+    """The one-key leaks under the rules about to be written; printed as a table, returned as case-file notes."""
+    from harness.workflows.calibrate import noise_rules
+    from harness.workflows.calibrate_leaks import case_comment, prove_leaks
+    rules = noise_rules(result)
+    if not rules:
+        return []
+    proofs = prove_leaks(settings, rules, on_run=lambda p: err.print(
+        f"leak {p.leak} {p.dtype} ({p.setting}): " + ("not exercised" if not p.exercised else
+                                                    "caught" if p.caught else "NOT CAUGHT")))
+    t = Table(title="one-key leaks under the calibrated rule")
+    for col in ("dtype", "leak", "setting", "mask entries", "verdict", "max ratio", "multiplier"):
+        t.add_column(col)
+    for p in proofs:
+        t.add_row(p.dtype, p.leak, p.setting, str(p.edited),
+                  "not exercised" if not p.exercised else f"caught ({p.by})" if p.caught else "NOT CAUGHT",
+                  "-" if p.max_ratio is None else f"{p.max_ratio:.2f}", f"{p.multiplier:.3g}")
+    Console().print(t)
+    return case_comment(proofs)

@@ -7,12 +7,11 @@ floor and sets
     ceiling     = min(0.9, max(3 x the largest fault-free error, 2 x floor))
     drift_limit = max(the dtype's default, 1.25 x the largest fault-free run drift)
 A calibrated multiplier is fixed: it does not grow with a run's node count
-as the default does (harness/verdict/noise_floor.py). Calibration does not
-yet run the one-key leaks on the model: a multiplier it writes above a leak's
-ratio would let that leak pass (on SmolLM2 the one-padding-column leak at a
-short prompt sits at 0.8 to 2.4 on the H200, under any multiplier a correct
-run needs), so read the calibration's report against
-benchmarks/results/verdict-study-h200-leaks.json.
+as the default does (harness/verdict/noise_floor.py). A fit to correct runs
+alone says nothing of what the rule still sees: calibrate_leaks.py runs the one-key leaks under the rule before it is written (a multiplier set
+above a leak's ratio would let that leak pass: on SmolLM2 the one-padding-
+column leak sits at 0.8 to 2.4 in bf16, under any multiplier a correct run
+needs) and names every leak the rule lets pass.
 float32 settings get a fixed tolerance of 10 x the largest fault-free error
 (at least 1e-7). The margins mirror the defaults' own (harness/check/compare/
 noise_floor.py, tolerance.py): the correct runs sit well inside, and the
@@ -113,7 +112,13 @@ def _calibrate(dtype: str, errs: list[float], ratios: list[float], n_settings: i
     return Calibration(dtype, n_settings, len(errs), top, p99, None, failed, float(f"{max(10 * top, 1e-7):.3g}"))
 
 
-def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path) -> str:
+def noise_rules(calibrations: list[Calibration]) -> dict[str, tuple[float, ...]]:
+    """dtype -> the calibrated noise-floor rule, for the low-precision dtypes."""
+    return {c.dtype: c.value for c in calibrations if isinstance(c.value, tuple)}
+
+
+def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path,
+                     notes: list[str] = ()) -> str:
     """The case file's text with its [tolerances] table replaced by the
     calibrated one (everything else kept line for line); validated by
     parsing it back before it is written, atomically."""
@@ -130,7 +135,7 @@ def write_tolerances(case_path: Path, calibrations: list[Calibration], out: Path
     while kept and not kept[-1].strip():
         kept.pop()
     text = "\n".join(kept + ["", "[tolerances]   # ddcheck calibrate: see docs/CASES.md"]
-                     + [c.toml() for c in calibrations]) + "\n"
+                     + [c.toml() for c in calibrations] + list(notes)) + "\n"
     probe = out.with_name(f".{out.name}.calibrate-check.toml")
     try:
         probe.write_text(text, encoding="utf-8")
