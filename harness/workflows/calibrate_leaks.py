@@ -18,7 +18,7 @@ at topk 1, no depth-2 rows) is "not exercised" there, not "caught". The
 fourth kind of the study (the padding column at a 900-token prefix) needs a
 long prompt: it is exercised only when the case's prompts are long.
 
-Layer: workflows. Imports the check, faults and below; never cli."""
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json
