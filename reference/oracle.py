@@ -16,8 +16,10 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig
+from ddschema.oracle import Routing
 from reference.accept import ReferenceAcceptance, greedy_acceptance
 from reference.checkpoint import load_checkpoint
+from reference.deepseek_v3 import DenseDeepseekV3, moe_layers
 from reference.model import DenseLlama
 from reference.prefix_cache import PrefixCache, extend
 from reference.tree import ReferenceTree, best_first_tree
@@ -61,6 +63,15 @@ def root_path(tokens: Sequence[int], parents: Sequence[int], node: int) -> list[
     return path[::-1]
 
 
+# the attention layout a config states -> the float64 model class that computes it
+MODEL_CLASSES = {"gqa": DenseLlama, "mla": DenseDeepseekV3}
+
+
+def attention_layout(config: ModelConfig) -> str:
+    """"mla" for multi-head latent attention (DeepseekV3ForCausalLM's reader sets config.mla), else "gqa"."""
+    return "mla" if config.mla is not None else "gqa"
+
+
 class DenseOracle:
     """ddschema.Oracle over a DenseLlama computing on `device` (float64 there
     too). All outputs are float64 on CPU."""
@@ -69,7 +80,7 @@ class DenseOracle:
                  owned: bool = False) -> None:
         """owned: `weights` are this oracle's alone (its own reading of a checkpoint), kept without a copy."""
         self.config = config
-        self.model = DenseLlama(config, weights, device, owned=owned)
+        self.model = MODEL_CLASSES[attention_layout(config)](config, weights, device, owned=owned)
         self.prefixes = PrefixCache()
         self.low_precision: dict[tuple[str, bool], tuple[DenseLlama, PrefixCache]] = {}   # by (dtype, probabilities), made when asked
 
@@ -152,6 +163,48 @@ class DenseOracle:
         """Per layer K (after RoPE) and V [len(tokens), kv_heads, head_dim]."""
         result = self.model.forward(list(tokens))
         return [k.cpu() for k in result.ks], [v.cpu() for v in result.vs]
+
+    def path_latent(self, tokens: Sequence[int]) -> Tensor:
+        """[num_layers, len(tokens), kv_lora_rank + qk_rope_head_dim] float64:
+        each position's cached MLA latent (reference/deepseek_v3.py). ValueError without MLA."""
+        if self.config.mla is None:
+            raise ValueError("path_latent needs a model with multi-head latent attention (this one has none)")
+        return torch.stack(self.model.forward(list(tokens)).ks).cpu()  # [L, T, R + r]
+
+    def path_routing(self, tokens: Sequence[int]) -> Routing | None:
+        """The routing of every position of a plain causal forward over
+        `tokens` (experts [T, L, k]); None for a model without routed experts."""
+        if not moe_layers(self.config):
+            return None
+        return _routing(self.model.forward(list(tokens)).routes, self.config)
+
+    def routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> Routing | None:
+        """Each tree node's routing at its own position of prefix + root_path(node)
+        (experts [n, L, k], margin [n, L]), computed as tree_logits is: one forward
+        per leaf over the prefix's cached latents. None without routed experts."""
+        if not moe_layers(self.config):
+            return None
+        validate_tree(tokens, parents)
+        if len(prefix) == 0:
+            raise ValueError("routing needs a non-empty prefix")
+        cached = self.prefixes.get(self.model, prefix)
+        rows: list[Routing | None] = [None] * len(tokens)
+        for leaf in leaves(parents):
+            chain = ancestry(parents, leaf)  # root .. leaf
+            path = _routing(self.model.forward([int(tokens[i]) for i in chain], past=cached.past).routes, self.config)
+            for position, node in enumerate(chain):
+                if rows[node] is None:
+                    rows[node] = Routing(path.experts[position:position + 1], path.margin[position:position + 1],
+                                         path.layers)
+        return Routing(torch.cat([r.experts for r in rows]), torch.cat([r.margin for r in rows]),
+                       moe_layers(self.config))
+
+
+def _routing(routes, config: ModelConfig) -> Routing:
+    """The per-layer Selections of one forward (reference/moe.py) as a Routing over its T positions."""
+    experts = torch.stack([r.experts for r in routes], dim=1).cpu()  # [T, L, k]
+    margin = torch.stack([r.margin for r in routes], dim=1).cpu()  # [T, L]
+    return Routing(experts, margin, moe_layers(config))
 
 
 ROUNDED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
