@@ -107,17 +107,26 @@ def write(shape: str, out: Path, device: str = "cpu", seed: int = 0, dtype: torc
     (out / "config.json").write_text(json.dumps(c, indent=1))
     gen = torch.Generator(device=device).manual_seed(seed)
     wide = c["hidden_size"] >= 1024
-    shard, size, n = {}, 0, 0
+    shard, size, where = {}, 0, {}
     for name, dims in tensor_shapes(c).items():
         t = random_tensor(name, dims, gen, device, wide)
         shard[name] = (t.float() if name.endswith("e_score_correction_bias") else t.to(dtype)).cpu()
         size += shard[name].numel() * shard[name].element_size()
         if size >= shard_bytes:
-            save_file(shard, str(out / f"model-{n:05d}.safetensors"))
-            shard, size, n = {}, 0, n + 1
+            where.update(_save(save_file, shard, out / f"model-{len(set(where.values())):05d}.safetensors"))
+            shard, size = {}, 0
     if shard:
-        save_file(shard, str(out / f"model-{n:05d}.safetensors"))
+        where.update(_save(save_file, shard, out / f"model-{len(set(where.values())):05d}.safetensors"))
+    if len(set(where.values())) == 1:   # one file: Hugging Face's unsharded name
+        (out / next(iter(where.values()))).rename(out / "model.safetensors")
+    else:
+        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}))
     return out
+
+
+def _save(save_file, shard: dict, path: Path) -> dict[str, str]:
+    save_file(shard, str(path))
+    return {name: path.name for name in shard}
 
 
 def main() -> None:
