@@ -6,8 +6,8 @@ Every key of config.json is in exactly one of three tables, or refused:
     reference/deepseek_v3.py, reference/moe.py and reference/rope.py compute it;
   * FIXED: keys whose only implemented value is named (hidden_act silu,
     scoring_func sigmoid, topk_method noaux_tc, moe_layer_freq 1, no biases,
-    rope_interleave true, num_key_value_heads = num_attention_heads,
-    head_dim = qk_rope_head_dim as transformers writes it); another value is refused;
+    rope_interleave true; head_dim = qk_rope_head_dim and qk_head_dim =
+    qk_nope_head_dim + qk_rope_head_dim as transformers writes them); another value is refused;
   * INERT: bookkeeping that never changes one logit (token ids, dtype names,
     training-only knobs such as aux_loss_alpha, the multi-token-prediction
     layer count whose layer the main forward never runs).
@@ -42,7 +42,10 @@ FIXED = {"hidden_act": "silu", "scoring_func": "sigmoid", "topk_method": "noaux_
 INERT = ("architectures", "model_type", "auto_map", "transformers_version", "torch_dtype", "dtype",
          "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range", "attention_dropout",
          "aux_loss_alpha", "seq_aux", "ep_size", "num_nextn_predict_layers", "_name_or_path", "name_or_path",
-         "output_router_logits", "router_aux_loss_coef", "tokenizer_class", "return_dict")
+         "output_router_logits", "router_aux_loss_coef", "tokenizer_class", "return_dict",
+         # MLA expands one latent into every query head: no K/V head count enters the math (DeepSeek's and
+         # SGLang's code never read it; transformers' config saves its default 128 whatever the heads)
+         "num_key_value_heads")
 YARN_KEYS = ("type", "rope_type", "rope_theta", "factor", "original_max_position_embeddings", "beta_fast",
              "beta_slow", "mscale", "mscale_all_dim")
 
@@ -73,18 +76,18 @@ def _flag(hf: dict, key: str, refuse) -> bool:
 def refuse_unknown_keys(hf: dict, refuse) -> None:
     """Every key read (MATH_KEYS), fixed at its implemented value (FIXED) or inert (INERT)."""
     unknown = sorted(k for k in hf if k not in MATH_KEYS and k not in FIXED and k not in INERT
-                     and k not in ("num_key_value_heads", "head_dim"))
+                     and k not in ("head_dim", "qk_head_dim"))
     if unknown:
         raise refuse(f"config.json sets {', '.join(unknown)}, which the oracle does not implement for "
                      f"{DEEPSEEK_V3} (quantized or otherwise changed math is refused, not ignored)")
     for key, value in FIXED.items():
         if key in hf and hf[key] != value:
             raise refuse(f"config.json sets {key} {hf[key]!r}; the oracle implements {value!r} only")
-    heads = hf.get("num_attention_heads")
-    if hf.get("num_key_value_heads") not in (None, heads):
-        raise refuse(f"config.json: num_key_value_heads {hf['num_key_value_heads']!r} differs from "
-                     f"num_attention_heads {heads!r} (MLA expands one latent to every head)")
     rope = hf.get("qk_rope_head_dim", DEFAULTS["qk_rope_head_dim"])
+    nope = hf.get("qk_nope_head_dim", DEFAULTS["qk_nope_head_dim"])
+    if hf.get("qk_head_dim") is not None and (not isinstance(rope, int) or not isinstance(nope, int)
+                                              or hf["qk_head_dim"] != nope + rope):
+        raise refuse(f"config.json: qk_head_dim {hf['qk_head_dim']!r} is not qk_nope_head_dim + qk_rope_head_dim")
     if hf.get("head_dim") not in (None, rope):
         raise refuse(f"config.json: head_dim {hf['head_dim']!r} is not qk_rope_head_dim {rope!r} "
                      "(transformers' meaning of head_dim for this architecture)")
