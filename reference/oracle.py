@@ -122,13 +122,17 @@ class DenseOracle:
         P @ V too (as flash-style kernels store them): a low-precision
         computation of each node by the oracle's own code, with its own
         prefix cache."""
+        model, prefixes = self._rounded(dtype, probabilities)
+        return _tree_logits(model, prefixes, prefix, tokens, parents)
+
+    def _rounded(self, dtype: str, probabilities: bool = False):
+        """(this model storing every tensor in `dtype`, its own prefix cache), made once."""
         if dtype not in ROUNDED_DTYPES:
-            raise ValueError(f"rounded_tree_logits takes {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
+            raise ValueError(f"rounded computations take {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
         key = (dtype, bool(probabilities))
         if key not in self.low_precision:
             self.low_precision[key] = (self.model.rounded(ROUNDED_DTYPES[dtype], bool(probabilities)), PrefixCache())
-        model, prefixes = self.low_precision[key]
-        return _tree_logits(model, prefixes, prefix, tokens, parents)
+        return self.low_precision[key]
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Argmax continuation, one causal position at a time over the
@@ -184,20 +188,34 @@ class DenseOracle:
         per leaf over the prefix's cached latents. None without routed experts."""
         if not moe_layers(self.config):
             return None
-        validate_tree(tokens, parents)
-        if len(prefix) == 0:
-            raise ValueError("routing needs a non-empty prefix")
-        cached = self.prefixes.get(self.model, prefix)
-        rows: list[Routing | None] = [None] * len(tokens)
-        for leaf in leaves(parents):
-            chain = ancestry(parents, leaf)  # root .. leaf
-            path = _routing(self.model.forward([int(tokens[i]) for i in chain], past=cached.past).routes, self.config)
-            for position, node in enumerate(chain):
-                if rows[node] is None:
-                    rows[node] = Routing(path.experts[position:position + 1], path.margin[position:position + 1],
-                                         path.layers)
-        return Routing(torch.cat([r.experts for r in rows]), torch.cat([r.margin for r in rows]),
-                       moe_layers(self.config))
+        return _tree_routing(self.model, self.prefixes, prefix, tokens, parents)
+
+    def rounded_routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                        dtype: str) -> Routing | None:
+        """routing() of the model storing every tensor in `dtype` (rounded_tree_logits' model):
+        where it picks other experts than routing() does, the float64 margin there is
+        within that precision's reach. Its margins are the rounded model's own."""
+        if not moe_layers(self.config):
+            return None
+        return _tree_routing(*self._rounded(dtype), prefix, tokens, parents)
+
+
+def _tree_routing(model, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
+                  parents: Sequence[int]) -> Routing:
+    """DenseOracle.routing over `model` and its prefix cache."""
+    validate_tree(tokens, parents)
+    if len(prefix) == 0:
+        raise ValueError("routing needs a non-empty prefix")
+    cached = prefixes.get(model, prefix)
+    rows: list[Routing | None] = [None] * len(tokens)
+    for leaf in leaves(parents):
+        chain = ancestry(parents, leaf)  # root .. leaf
+        path = _routing(model.forward([int(tokens[i]) for i in chain], past=cached.past).routes, model.config)
+        for position, node in enumerate(chain):
+            if rows[node] is None:
+                rows[node] = Routing(path.experts[position:position + 1], path.margin[position:position + 1],
+                                     path.layers)
+    return Routing(torch.cat([r.experts for r in rows]), torch.cat([r.margin for r in rows]), rows[0].layers)
 
 
 def _routing(routes, config: ModelConfig) -> Routing:
