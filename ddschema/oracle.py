@@ -116,3 +116,8 @@ class Oracle(Protocol):
     def routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> "Routing | None":
         """Each tree node's expert choice and margin at its own position of
         prefix + root_path(node) (as tree_logits); None for a model without routed experts."""
+
+    def rounded_routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                        dtype: str) -> "Routing | None":
+        """routing() of rounded_tree_logits' model (every stored tensor in `dtype`): the oracle's
+        own low-precision choice, the yardstick of a router near tie."""
