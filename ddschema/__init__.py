@@ -6,6 +6,6 @@ other's code.
 """
 from ddschema.config import MlaConfig, ModelConfig, MoeConfig, RopeScaling, YarnScaling, weight_names, weight_shapes
 from ddschema.records import RECORD_KINDS, VERDICTS, SCHEMA_VERSION
-from ddschema.oracle import Oracle
+from ddschema.oracle import Oracle, Routing
 
-__all__ = ["ModelConfig", "RopeScaling", "YarnScaling", "MlaConfig", "MoeConfig", "weight_names", "weight_shapes", "RECORD_KINDS", "VERDICTS", "SCHEMA_VERSION", "Oracle"]
+__all__ = ["ModelConfig", "RopeScaling", "YarnScaling", "MlaConfig", "MoeConfig", "weight_names", "weight_shapes", "RECORD_KINDS", "VERDICTS", "SCHEMA_VERSION", "Oracle", "Routing"]

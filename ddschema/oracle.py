@@ -6,11 +6,45 @@ through this protocol, with plain lists and tensors.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import torch
 
 from ddschema.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which routed experts each of n tokens picked in each MoE layer, and how
+    close it came to picking others.
+
+    experts: [n, L, k] int64, ascending along k (L = len(layers) MoE layers,
+             k = num_experts_per_tok)
+    margin:  [n, L] float64 >= 0: the selection-score gap to the nearest
+             different choice (the k-th minus the (k+1)-th expert's biased
+             sigmoid score among the kept groups, or the last kept group's
+             score minus the next one's, whichever is smaller; inf when no
+             other choice exists). Under a precision's noise: a router near tie.
+    layers:  the MoE layers' indices, ascending
+    """
+
+    experts: torch.Tensor
+    margin: torch.Tensor
+    layers: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        e, m = self.experts, self.margin
+        if e.dim() != 3 or e.dtype != torch.int64:
+            raise ValueError(f"Routing.experts must be int64 [n, L, k], got {e.dtype} {list(e.shape)}")
+        if m.dtype != torch.float64 or tuple(m.shape) != tuple(e.shape[:2]):
+            raise ValueError(f"Routing.margin must be float64 [n, L] = {list(e.shape[:2])}, got {m.dtype} {list(m.shape)}")
+        if len(self.layers) != e.shape[1] or list(self.layers) != sorted(set(self.layers)):
+            raise ValueError(f"Routing.layers must name the {e.shape[1]} MoE layers in ascending order")
+        if e.shape[2] > 1 and not bool((e[..., 1:] > e[..., :-1]).all()):
+            raise ValueError("Routing.experts must be distinct and ascending along k")
+        if bool((m < 0).any()) or bool(m.isnan().any()):
+            raise ValueError("Routing.margin must be >= 0")
 
 
 class Oracle(Protocol):
@@ -69,3 +103,21 @@ class Oracle(Protocol):
 
     def path_kv(self, tokens: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per layer K and V [len(tokens), kv_heads, head_dim] (K after RoPE)."""
+
+    # optional, for multi-head latent attention and mixture-of-experts models (DeepSeek-V3 layout);
+    # the harness asks with getattr(oracle, "path_latent", None)
+
+    def path_latent(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Per layer and position the cached MLA latent [num_layers, len(tokens),
+        kv_lora_rank + qk_rope_head_dim] float64: the normed compressed latent,
+        then the RoPE key rotated at the position, its pairs (2i, 2i+1)
+        interleaved as the checkpoint stores them. ValueError for a model without MLA."""
+
+    def routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> "Routing | None":
+        """Each tree node's expert choice and margin at its own position of
+        prefix + root_path(node) (as tree_logits); None for a model without routed experts."""
+
+    def rounded_routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                        dtype: str) -> "Routing | None":
+        """routing() of rounded_tree_logits' model (every stored tensor in `dtype`): the oracle's
+        own low-precision choice, the yardstick of a router near tie."""

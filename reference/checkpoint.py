@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, RopeScaling, weight_names
+from ddschema.config import ModelConfig, RopeScaling, weight_names, weight_shapes
+from reference.deepseek_config import DEEPSEEK_V3, read_deepseek_config
 from reference.gemma3 import GEMMA3, read_gemma3_config
 
 
@@ -147,14 +148,18 @@ def sliding_window_of(hf: dict, arch: str, num_layers: int) -> tuple[int | None,
 
 
 def read_config(hf: dict) -> ModelConfig:
-    """config.json (already parsed) -> ModelConfig. Raises CheckpointRefused."""
+    """config.json (already parsed) -> ModelConfig, by the reader OWN_READERS
+    names for its architecture. Raises CheckpointRefused."""
     if not isinstance(hf, dict):
         raise CheckpointRefused("config.json is not a JSON object")
     arch = (hf.get("architectures") or ["LlamaForCausalLM"])[0]
-    if arch == GEMMA3:
-        return read_gemma3_config(hf, CheckpointRefused)
-    if arch not in ARCHITECTURES:
-        raise CheckpointRefused(f"architecture {arch!r} is not supported ({', '.join([*ARCHITECTURES, GEMMA3])} are)")
+    if not isinstance(arch, str) or arch not in OWN_READERS:
+        raise CheckpointRefused(f"architecture {arch!r} is not supported ({', '.join(OWN_READERS)} are)")
+    return OWN_READERS[arch](hf, arch)
+
+
+def read_llama_family_config(hf: dict, arch: str) -> ModelConfig:
+    """A Llama / Qwen2 / Qwen3 / Mistral config.json (parsed) -> ModelConfig."""
     refuse_unsupported_math(hf, arch)
     qkv_bias, qk_norm, honours_bias, default_max = ARCHITECTURES[arch]
     attention_bias = bool(hf.get("attention_bias", False)) and honours_bias
@@ -181,6 +186,14 @@ def read_config(hf: dict) -> ModelConfig:
         raise CheckpointRefused(f"config.json describes no valid model: {e}") from None
 
 
+# architecture (config.json's architectures[0]) -> the oracle's own config reader for it
+OWN_READERS = {
+    **{arch: read_llama_family_config for arch in ARCHITECTURES},
+    GEMMA3: lambda hf, arch: read_gemma3_config(hf, CheckpointRefused),
+    DEEPSEEK_V3: lambda hf, arch: read_deepseek_config(hf, CheckpointRefused),
+}
+
+
 def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, Tensor]]:
     """(config, float64 tensors on `device` under Hugging Face names) of a
     checkpoint directory: config.json plus every *.safetensors file in it."""
@@ -200,4 +213,8 @@ def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, 
     missing = [n for n in weight_names(cfg) if n not in weights]
     if missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if tuple(weights[n].shape) != s]
+    if wrong:
+        raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(weights[wrong[0][0]].shape)}, "
+                                f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")
     return cfg, {n: weights[n] for n in weight_names(cfg)}

@@ -175,7 +175,7 @@ class DenseLlama:
         tensor in `dtype`: see the module's docstring. probabilities: also
         attention's unnormalized probabilities before P @ V, as flash-style
         kernels do (`attention`'s probs_store)."""
-        other = object.__new__(DenseLlama)
+        other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)   # the same config, device and float64 weights
         other.store = rounding_to(dtype)
         other.probs_store = other.store if probabilities else None
@@ -189,6 +189,15 @@ class DenseLlama:
         if name not in self.stored_w:
             self.stored_w[name] = self.store(self.w[name]).to(self.store.dtype)
         return self.stored_w[name].to(DTYPE)
+
+    def _rope_tables(self, pos: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Per layer (cos, sin) [T, head_dim] on the device for positions [T]
+        (Gemma 3's sliding layers rotate with their own base)."""
+        c = self.config
+        tables = {}   # (base, scaling) -> cos, sin [T, d]
+        for base_scaling in {layer_rope(c, layer) for layer in range(c.num_layers)}:
+            tables[base_scaling] = tuple(t.to(self.device) for t in rope_cos_sin(pos, c.head_dim, *base_scaling))
+        return [tables[layer_rope(c, layer)] for layer in range(c.num_layers)]
 
     def _norm(self, x: Tensor, name: str) -> Tensor:
         norm = gemma_rms_norm if self.config.norm_plus_one else rms_norm
@@ -270,9 +279,7 @@ class DenseLlama:
         windowed = None
         if c.sliding_window is not None:
             windowed = mask & window_visibility(pos, key_pos, c.sliding_window).to(self.device)  # [T, P+T]
-        tables = {}   # (base, scaling) -> cos, sin [T, d]: Gemma 3's sliding layers rotate with their own base
-        for base_scaling in {layer_rope(c, layer) for layer in range(c.num_layers)}:
-            tables[base_scaling] = tuple(t.to(self.device) for t in rope_cos_sin(pos, c.head_dim, *base_scaling))
+        rope = self._rope_tables(pos)   # per layer (cos, sin)
 
         h = self.store(self.w["model.embed_tokens.weight"][ids.to(self.device)])  # [T, hidden], rows as stored
         if c.embed_scale != 1.0:   # Gemma: the stored rows times sqrt(hidden), stored again
@@ -280,7 +287,7 @@ class DenseLlama:
         hiddens, ks, vs = [h], [], []
         for layer in range(c.num_layers):
             pre = f"model.layers.{layer}."
-            cos, sin = tables[layer_rope(c, layer)]
+            cos, sin = rope[layer]
             attn_out, k, v = self._attention_block(
                 layer, self._norm(h, pre + "input_layernorm.weight"),
                 cos, sin, mask if c.window_of(layer) is None else windowed, None if past is None else (past[0][layer], past[1][layer]))

@@ -16,8 +16,10 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig
+from ddschema.oracle import Routing
 from reference.accept import ReferenceAcceptance, greedy_acceptance
 from reference.checkpoint import load_checkpoint
+from reference.deepseek_v3 import DenseDeepseekV3, moe_layers
 from reference.model import DenseLlama
 from reference.prefix_cache import PrefixCache, extend
 from reference.tree import ReferenceTree, best_first_tree
@@ -61,6 +63,15 @@ def root_path(tokens: Sequence[int], parents: Sequence[int], node: int) -> list[
     return path[::-1]
 
 
+# the attention layout a config states -> the float64 model class that computes it
+MODEL_CLASSES = {"gqa": DenseLlama, "mla": DenseDeepseekV3}
+
+
+def attention_layout(config: ModelConfig) -> str:
+    """"mla" for multi-head latent attention (DeepseekV3ForCausalLM's reader sets config.mla), else "gqa"."""
+    return "mla" if config.mla is not None else "gqa"
+
+
 class DenseOracle:
     """ddschema.Oracle over a DenseLlama computing on `device` (float64 there
     too). All outputs are float64 on CPU."""
@@ -69,7 +80,7 @@ class DenseOracle:
                  owned: bool = False) -> None:
         """owned: `weights` are this oracle's alone (its own reading of a checkpoint), kept without a copy."""
         self.config = config
-        self.model = DenseLlama(config, weights, device, owned=owned)
+        self.model = MODEL_CLASSES[attention_layout(config)](config, weights, device, owned=owned)
         self.prefixes = PrefixCache()
         self.low_precision: dict[tuple[str, bool], tuple[DenseLlama, PrefixCache]] = {}   # by (dtype, probabilities), made when asked
 
@@ -111,13 +122,17 @@ class DenseOracle:
         P @ V too (as flash-style kernels store them): a low-precision
         computation of each node by the oracle's own code, with its own
         prefix cache."""
+        model, prefixes = self._rounded(dtype, probabilities)
+        return _tree_logits(model, prefixes, prefix, tokens, parents)
+
+    def _rounded(self, dtype: str, probabilities: bool = False):
+        """(this model storing every tensor in `dtype`, its own prefix cache), made once."""
         if dtype not in ROUNDED_DTYPES:
-            raise ValueError(f"rounded_tree_logits takes {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
+            raise ValueError(f"rounded computations take {sorted(ROUNDED_DTYPES)}, got {dtype!r}")
         key = (dtype, bool(probabilities))
         if key not in self.low_precision:
             self.low_precision[key] = (self.model.rounded(ROUNDED_DTYPES[dtype], bool(probabilities)), PrefixCache())
-        model, prefixes = self.low_precision[key]
-        return _tree_logits(model, prefixes, prefix, tokens, parents)
+        return self.low_precision[key]
 
     def greedy(self, prompt: Sequence[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Argmax continuation, one causal position at a time over the
@@ -152,6 +167,62 @@ class DenseOracle:
         """Per layer K (after RoPE) and V [len(tokens), kv_heads, head_dim]."""
         result = self.model.forward(list(tokens))
         return [k.cpu() for k in result.ks], [v.cpu() for v in result.vs]
+
+    def path_latent(self, tokens: Sequence[int]) -> Tensor:
+        """[num_layers, len(tokens), kv_lora_rank + qk_rope_head_dim] float64:
+        each position's cached MLA latent (reference/deepseek_v3.py). ValueError without MLA."""
+        if self.config.mla is None:
+            raise ValueError("path_latent needs a model with multi-head latent attention (this one has none)")
+        return torch.stack(self.model.forward(list(tokens)).ks).cpu()  # [L, T, R + r]
+
+    def path_routing(self, tokens: Sequence[int]) -> Routing | None:
+        """The routing of every position of a plain causal forward over
+        `tokens` (experts [T, L, k]); None for a model without routed experts."""
+        if not moe_layers(self.config):
+            return None
+        return _routing(self.model.forward(list(tokens)).routes, self.config)
+
+    def routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int]) -> Routing | None:
+        """Each tree node's routing at its own position of prefix + root_path(node)
+        (experts [n, L, k], margin [n, L]), computed as tree_logits is: one forward
+        per leaf over the prefix's cached latents. None without routed experts."""
+        if not moe_layers(self.config):
+            return None
+        return _tree_routing(self.model, self.prefixes, prefix, tokens, parents)
+
+    def rounded_routing(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
+                        dtype: str) -> Routing | None:
+        """routing() of the model storing every tensor in `dtype` (rounded_tree_logits' model):
+        where it picks other experts than routing() does, the float64 margin there is
+        within that precision's reach. Its margins are the rounded model's own."""
+        if not moe_layers(self.config):
+            return None
+        return _tree_routing(*self._rounded(dtype), prefix, tokens, parents)
+
+
+def _tree_routing(model, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
+                  parents: Sequence[int]) -> Routing:
+    """DenseOracle.routing over `model` and its prefix cache."""
+    validate_tree(tokens, parents)
+    if len(prefix) == 0:
+        raise ValueError("routing needs a non-empty prefix")
+    cached = prefixes.get(model, prefix)
+    rows: list[Routing | None] = [None] * len(tokens)
+    for leaf in leaves(parents):
+        chain = ancestry(parents, leaf)  # root .. leaf
+        path = _routing(model.forward([int(tokens[i]) for i in chain], past=cached.past).routes, model.config)
+        for position, node in enumerate(chain):
+            if rows[node] is None:
+                rows[node] = Routing(path.experts[position:position + 1], path.margin[position:position + 1],
+                                     path.layers)
+    return Routing(torch.cat([r.experts for r in rows]), torch.cat([r.margin for r in rows]), rows[0].layers)
+
+
+def _routing(routes, config: ModelConfig) -> Routing:
+    """The per-layer Selections of one forward (reference/moe.py) as a Routing over its T positions."""
+    experts = torch.stack([r.experts for r in routes], dim=1).cpu()  # [T, L, k]
+    margin = torch.stack([r.margin for r in routes], dim=1).cpu()  # [T, L]
+    return Routing(experts, margin, moe_layers(config))
 
 
 ROUNDED_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
