@@ -43,6 +43,9 @@ SHOW_SETTINGS: dict[str, dict] = {
     "swa-window-by-row-index": {"sliding_window": 8, "topk": 2},
     "swa-window-ignored": {"sliding_window": 8},
     "sinks-first-row-only": {"model": "tiny-sinks"},
+    "tp-stale-mask": {"tp": 2},
+    "tp-shifted-kv-indices": {"tp": 2},
+    "tp-kv-heads-sharded": {"tp": 4},   # tiny has 2 KV heads: replicated over 4 ranks
 }
 
 # The fault-free matrix, run once per seed.
