@@ -91,7 +91,7 @@ class Engine:
         self.finish_findings: list[ProvenanceFinding] = []  # committed slots already free when a request retired
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
-        self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
+        self.accept, self.cross_accept = self._acceptors(settings.accept, pipeline.accept)
         self._choose_stages()
         self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
@@ -104,6 +104,10 @@ class Engine:
     def _build_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaModel:
         """The target model (a tensor-parallel rank builds its shard instead: harness/engine/tp)."""
         return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device)
+
+    def _acceptors(self, accept: str, walk):
+        """(the acceptor that drives the run, the one cross-checked against it, or None)."""
+        return pick_acceptors(accept, walk)
 
     def _bind_serving(self, backend, max_bs: int) -> ServingSession | None:
         if backend is None:

@@ -59,6 +59,8 @@ def join(rank: int, size: int, init_file: str, device: str, timeout_s: float) ->
     backend = backend_for(device)
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    else:   # the ranks share the host's cores: one thread each, or they contend with each other's collectives
+        torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
     return Group(rank, size, backend)

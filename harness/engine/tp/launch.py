@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 import pickle
 import queue as queue_mod
+import sys
 import tempfile
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import cached_property
 from typing import Iterator
@@ -24,6 +26,7 @@ import torch.multiprocessing as mp
 
 from ddschema import ModelConfig
 from harness.engine.attn.registry import serves_batches
+from harness.engine.ddtree.accept import cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
 from harness.engine.loop import Request, StepResult
 from harness.engine.pipeline import Pipeline
@@ -108,9 +111,19 @@ class TPEngine:
         for kind, payload in run_ranks(self._job):
             if kind == "step":
                 result, self.requests = payload
-                yield result
+                yield self._cross_checked(result)
             else:
                 self.requests, self.finish_findings = payload
+
+
+    def _cross_checked(self, result: StepResult) -> StepResult:
+        """Each request's acceptance by the other acceptor over the same rows, here rather than in the ranks
+        (the ranks then skip importing SGLang's)."""
+        if self.cross_accept is None or self.s.accept != "walk":
+            return result
+        return replace(result, requests=tuple(
+            replace(rs, cross_check=cut_at_stop(rs.tree, self.cross_accept(rs.tree, rs.logits.argmax(-1).tolist()),
+                                                self.s.eos_id)) for rs in result.requests))
 
 
 def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
@@ -125,8 +138,9 @@ def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
     job = replace(job, init_file=init_file)
     procs = [ctx.Process(target=rank_main, args=(r, job, results), daemon=True) for r in range(job.settings.tp)]
     try:
-        for p in procs:
-            p.start()
+        with _main_not_reimported():
+            for p in procs:
+                p.start()
         while True:
             kind, payload = _next_message(results, procs, job.timeout_s)
             if kind == "error":
@@ -136,14 +150,31 @@ def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
             if kind == "done":
                 return
     finally:
-        for p in procs:
+        started = [p for p in procs if p.pid is not None]
+        for p in started:
             if p.is_alive():
                 p.terminate()
-        for p in procs:
+        for p in started:
             p.join(timeout=10)
         results.close()
         if os.path.exists(init_file):
             os.unlink(init_file)
+
+
+@contextmanager
+def _main_not_reimported():
+    """Spawned ranks need only harness's modules: hide the caller's main script from spawn, which would
+    otherwise run it again in each rank (a script or notebook without a __main__ guard)."""
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
+        if "__spec__" not in saved:
+            del main.__spec__
 
 
 def _next_message(results, procs, timeout_s: float) -> tuple[str, tuple]:
@@ -188,3 +219,4 @@ def rank_main(rank: int, job: RankJob, results) -> None:
         results.put(pickle.dumps(("error", (rank, f"{text}\n{traceback.format_exc()}"))))
     finally:
         leave()
+

@@ -49,6 +49,12 @@ class RankEngine(Engine):
     def _build_model(self, cfg: ModelConfig, weights) -> TPLlamaModel:
         return TPLlamaModel(self.full_cfg, weights, self.shard, self.group, self.s.torch_dtype, self.s.device)
 
+    def _acceptors(self, accept: str, walk):
+        """Every rank accepts alike (the logits are gathered); the launcher cross-checks rank 0's rounds."""
+        if accept == "walk":
+            return walk, None
+        return super()._acceptors(accept, walk)
+
     def verify(self, vb) -> torch.Tensor:
         """Every rank's metadata and heads to rank 0, audited there; then the sharded forward."""
         step, self._verifies = self._verifies, self._verifies + 1
