@@ -1,4 +1,4 @@
-"""ddcheck launches the ranks itself (torch.multiprocessing spawn; the user
+"""ddcheck launches the ranks itself (torch.multiprocessing's forkserver, else spawn; the user
 never starts a rank by hand). The process that runs the check is not a
 rank: it spawns `--tp` ranks, each builds its own engine and verify
 metadata, and rank 0 streams its rounds back through a queue. A rank that
@@ -40,7 +40,11 @@ DEFAULT_TIMEOUT_S = 300.0
 
 
 class RankFailed(RuntimeError):
-    """A rank raised, died or went silent: the message names the rank (and holds its traceback)."""
+    """A rank raised, died or went silent: one line naming the rank; a rank's traceback is its cause."""
+
+
+class RankTraceback(Exception):
+    """The traceback a rank printed, carried as the cause of the RankFailed it led to."""
 
 
 def rank_timeout_s() -> float:
@@ -126,11 +130,21 @@ class TPEngine:
                                                 self.s.eos_id)) for rs in result.requests))
 
 
+def rank_context():
+    """Forkserver where the platform has it (one server imports torch and the engine once; each rank is a fork
+    of it, no CUDA context inherited), else spawn."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
     """Spawn the ranks; yield rank 0's ("step", (result, requests)) messages, then ("done", (requests,
     finish_findings)). Raises RankFailed for a rank that raised, died or went silent. The ranks are ended
     when the caller stops early."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     fd, init_file = tempfile.mkstemp(prefix="ddcheck-tp-")
     os.close(fd)
@@ -144,8 +158,8 @@ def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
         while True:
             kind, payload = _next_message(results, procs, job.timeout_s)
             if kind == "error":
-                rank, text = payload
-                raise RankFailed(f"rank {rank} of --tp {job.settings.tp} raised {text}")
+                rank, error, tb = payload
+                raise RankFailed(f"rank {rank} of --tp {job.settings.tp} raised {error}") from RankTraceback(tb)
             yield kind, payload
             if kind == "done":
                 return
@@ -177,7 +191,7 @@ def _main_not_reimported():
             del main.__spec__
 
 
-def _next_message(results, procs, timeout_s: float) -> tuple[str, tuple]:
+def _next_message(results, procs, timeout_s: float, grace_s: float = 2.0) -> tuple[str, tuple]:
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -187,7 +201,7 @@ def _next_message(results, procs, timeout_s: float) -> tuple[str, tuple]:
         dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if dead or all(p.exitcode == 0 for p in procs):
             try:   # a rank that raised says so just before it exits; rank 0's last message may be in flight
-                return pickle.loads(results.get(timeout=2.0))
+                return pickle.loads(results.get(timeout=grace_s))
             except queue_mod.Empty:
                 if dead:
                     r, code = dead[0]
@@ -215,8 +229,8 @@ def rank_main(rank: int, job: RankJob, results) -> None:
         if rank == 0:
             results.put(pickle.dumps(("done", (engine.requests, engine.finish_findings))))
     except BaseException as e:  # noqa: BLE001  (reported to the launcher, which ends the run with it)
-        text = "".join(traceback.format_exception_only(type(e), e)).strip()
-        results.put(pickle.dumps(("error", (rank, f"{text}\n{traceback.format_exc()}"))))
+        error = traceback.format_exception_only(type(e), e)[-1].strip()
+        results.put(pickle.dumps(("error", (rank, error, f"rank {rank}: {traceback.format_exc()}"))))
     finally:
         leave()
 
