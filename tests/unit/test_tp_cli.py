@@ -89,3 +89,29 @@ def test_what_tp_cannot_run_is_a_usage_error(tmp_path, flags, env, words):
     result = CliRunner().invoke(cli.app, args, env=env)
     assert result.exit_code == 2, result.output
     assert words in result.output and not out.exists()
+
+
+CASE = """
+name = "t"
+model = "tiny"
+max_new_tokens = 12
+[[prompts]]
+name = "code"
+length = 6
+accuracy = 0.9
+[[matrix]]
+tp = [1, 2]
+[[faults]]
+name = "tp-stale-mask"
+tp = 2
+"""
+
+
+def test_tp_is_a_case_and_sweep_axis(tmp_path):
+    from harness.workflows.cases import load_case
+    from harness.workflows.sweep import short_label
+    (tmp_path / "c.toml").write_text(CASE)
+    case = load_case(tmp_path / "c.toml")
+    assert [s.tp for s in case.settings()] == [1, 2]
+    assert case.faults[0].under.settings(case.base)[0].tp == 2
+    assert [short_label(s).endswith("tp2") for s in case.settings()] == [False, True]
