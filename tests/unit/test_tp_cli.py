@@ -115,3 +115,13 @@ def test_tp_is_a_case_and_sweep_axis(tmp_path):
     assert [s.tp for s in case.settings()] == [1, 2]
     assert case.faults[0].under.settings(case.base)[0].tp == 2
     assert [short_label(s).endswith("tp2") for s in case.settings()] == [False, True]
+
+
+def test_fault_self_check_skips_tp_faults_where_ranks_cannot_run():
+    """A port under test, or too few GPUs: the TP faults are skipped rows, not a usage error of the whole check."""
+    from harness.workflows.fault_selftest import base_settings, self_check, tp_runs_here
+    base = base_settings("torch", True)
+    assert tp_runs_here(4, base) and tp_runs_here(1, replace(base, impl="x:y"))
+    assert not tp_runs_here(2, replace(base, impl="x:y")) and not tp_runs_here(2, replace(base, backend="sglang-serving"))
+    rows = list(self_check("torch", seeds=0, quick=True, faults=["tp-stale-mask"], device="cpu", impl="sglang:nowhere"))
+    assert rows == [None]
