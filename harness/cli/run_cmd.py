@@ -35,7 +35,8 @@ def default_out(s: RunSettings) -> Path:
     fault = f"-{s.fault}" if s.fault else ""
     page = f"-p{s.page_size}" if s.page_size != 1 else ""
     tp = f"-tp{s.tp}" if s.tp != 1 else ""
-    return Path("reports") / f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{page}{tp}{fault}.jsonl"
+    name = f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{page}{tp}{fault}.jsonl"
+    return Path("reports") / name
 
 
 @app.command()
