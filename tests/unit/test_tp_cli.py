@@ -125,3 +125,14 @@ def test_fault_self_check_skips_tp_faults_where_ranks_cannot_run():
     assert not tp_runs_here(2, replace(base, impl="x:y")) and not tp_runs_here(2, replace(base, backend="sglang-serving"))
     rows = list(self_check("torch", seeds=0, quick=True, faults=["tp-stale-mask"], device="cpu", impl="sglang:nowhere"))
     assert rows == [None]
+
+
+@pytest.mark.parametrize("backend", ["sglang-serving", "sglang-serving-dflash"])
+def test_serving_backends_are_refused_under_tp(backend):
+    """SGLang's serving backend builds its own metadata in one process: refused before any rank starts."""
+    from harness.engine.model.presets import PRESETS
+    from harness.engine.settings import NotRunnableHere
+    from harness.engine.tp.launch import tp_refusals
+    with pytest.raises(NotRunnableHere, match="serving backend"):
+        tp_refusals(RunSettings(tp=2, backend=backend), PRESETS["tiny"])
+    tp_refusals(RunSettings(tp=2, backend="torch"), PRESETS["tiny"])   # ddcheck's own backends are not
