@@ -39,7 +39,7 @@ def test_agreeing_ranks_have_no_finding():
 def test_a_rank_on_the_previous_rounds_mask_is_named_stale():
     rounds = _ranks("tp-stale-mask")
     assert audit_ranks(0, rounds[0], None) == []          # nothing stale before a second round
-    found = audit_ranks(1, rounds[1], rounds[0][0])
+    found = audit_ranks(1, rounds[1], rounds[0])
     assert [(f.rank, f.cls, f.quantity) for f in found] == [(1, "rank-stale-mask", "custom_mask")]
     assert "previous round" in found[0].text
 
@@ -48,7 +48,7 @@ def test_a_mask_no_rank_built_before_is_not_called_stale():
     rounds = _ranks("tp-stale-mask")
     other = RankMeta(~rounds[1][0].custom_mask, *(getattr(rounds[1][0], q) for q in ("kv_indices", "positions",
                                                                                    "out_cache_loc")))
-    found = audit_ranks(1, [rounds[1][0], other], rounds[0][0])
+    found = audit_ranks(1, [rounds[1][0], other], rounds[0])
     assert [f.cls for f in found] == ["rank-mask"]
 
 
@@ -57,6 +57,13 @@ def test_a_rank_with_shifted_kv_indices_is_named_with_its_shift():
     found = audit_ranks(0, rounds[0], None)
     assert [(f.rank, f.cls) for f in found] == [(3, "rank-kv-indices")]   # the last rank only
     assert "shifted by +1" in found[0].text
+
+
+def test_the_odd_rank_is_named_even_when_it_is_rank_0():
+    """Three ranks agree, rank 0 does not: rank 0 is named, against the majority's metadata."""
+    rounds = _ranks("tp-shifted-kv-indices", tp=4)[0]   # rank 3 shifted
+    found = audit_ranks(0, [rounds[3], rounds[1], rounds[2], rounds[0]], None)
+    assert [(f.rank, f.cls) for f in found] == [(0, "rank-kv-indices")] and "rank 1's" in found[0].text
 
 
 def test_positions_and_out_cache_loc_are_compared_too():

@@ -1,9 +1,9 @@
 """The ranks' agreement audit. Every rank builds its own verify metadata, as
 a server rank does; all ranks must build the same. Each round, every rank's
-mask, kv_indices, positions and out_cache_loc are compared to rank 0's and a
-rank that differs is named, with what its difference looks like (rank 0's
-previous round's mask: stale; rank 0's kv_indices shifted by a constant:
-shifted). At build, each rank's KV heads are checked against the KV heads
+mask, kv_indices, positions and out_cache_loc are compared to those most
+ranks hold (rank 0's with two ranks) and a rank that differs is named, with
+what its difference looks like (the reference's mask of the previous round:
+stale; its kv_indices shifted by a constant: shifted). At build, each rank's KV heads are checked against the KV heads
 its query heads read under GQA (KV heads sharded where they must be
 replicated).
 
@@ -58,29 +58,43 @@ class RankFinding:
                 "class": self.cls, "quantity": self.quantity, "text": self.text}
 
 
-def audit_ranks(step: int, metas: list[RankMeta], previous: RankMeta | None) -> list[RankFinding]:
-    """Each rank r > 0 against rank 0 this round; `previous`: rank 0's metadata of the round before."""
-    ref, out = metas[0], []
-    for r, m in enumerate(metas[1:], start=1):
+QUANTITIES = ("custom_mask", "kv_indices", "positions", "out_cache_loc")
+
+
+def audit_ranks(step: int, metas: list[RankMeta], previous: list[RankMeta] | None) -> list[RankFinding]:
+    """Every rank against the reference rank this round: the one whose metadata most ranks share (ties:
+    the lowest, so rank 0 of two); `previous`: every rank's metadata of the round before (None: the first)."""
+    k = reference_rank(metas)
+    ref, out = metas[k], []
+    for r, m in enumerate(metas):
+        if r == k:
+            continue
         if not _same(m.custom_mask, ref.custom_mask):
-            stale = previous is not None and _same(_as_long_as(previous.custom_mask, ref.custom_mask), m.custom_mask)
+            stale = previous is not None and _same(_as_long_as(previous[k].custom_mask, ref.custom_mask),
+                                                   m.custom_mask)
             cls = "rank-stale-mask" if stale else "rank-mask"
-            what = "rank 0's mask of the previous round" if stale else "a mask no other rank built"
+            what = f"rank {k}'s mask of the previous round" if stale else "a mask no other rank built"
             out.append(RankFinding(step, r, cls, "custom_mask",
-                                   f"step {step}: rank {r}'s custom_mask differs from rank 0's at "
+                                   f"step {step}: rank {r}'s custom_mask differs from rank {k}'s at "
                                    f"{_first_diff(m.custom_mask, ref.custom_mask)}; it holds {what}"))
         if not _same(m.kv_indices, ref.kv_indices):
             shift = _constant_shift(m.kv_indices, ref.kv_indices)
             how = f"every slot shifted by {shift:+d}" if shift else "other slots"
             out.append(RankFinding(step, r, "rank-kv-indices", "kv_indices",
-                                   f"step {step}: rank {r}'s kv_indices differ from rank 0's at "
+                                   f"step {step}: rank {r}'s kv_indices differ from rank {k}'s at "
                                    f"{_first_diff(m.kv_indices, ref.kv_indices)} ({how}): its heads read "
                                    "another prefix's K/V"))
         for q, cls in (("positions", "rank-positions"), ("out_cache_loc", "rank-out-cache-loc")):
             if not _same(getattr(m, q), getattr(ref, q)):
-                out.append(RankFinding(step, r, cls, q, f"step {step}: rank {r}'s {q} differ from rank 0's at "
+                out.append(RankFinding(step, r, cls, q, f"step {step}: rank {r}'s {q} differ from rank {k}'s at "
                                                         f"{_first_diff(getattr(m, q), getattr(ref, q))}"))
     return out
+
+
+def reference_rank(metas: list[RankMeta]) -> int:
+    """The rank whose metadata (every quantity) the most ranks hold; ties go to the lowest rank."""
+    votes = [sum(all(_same(getattr(o, q), getattr(m, q)) for q in QUANTITIES) for o in metas) for m in metas]
+    return votes.index(max(votes))
 
 
 def audit_kv_heads(rank: int, q_heads: tuple[int, ...], kv_heads: tuple[int, ...],

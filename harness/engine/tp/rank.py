@@ -40,7 +40,7 @@ class RankEngine(Engine):
     def __init__(self, job: RankJob, settings: RunSettings, shard: RankShard, group: Group, backend,
                  pipeline: Pipeline):
         self.full_cfg, self.shard, self.group = job.cfg, shard, group
-        self._previous: RankMeta | None = None
+        self._previous: list[RankMeta] | None = None   # every rank's metadata of the round before
         self._verifies = 0
         self.step_findings: list[RankFinding] = []
         super().__init__(settings, rank_config(job.cfg, shard), job.weights, backend, list(job.prompts),
@@ -67,7 +67,7 @@ class RankEngine(Engine):
                 found = [f for r, (_, q, kv) in enumerate(everyone)
                          if (f := audit_kv_heads(r, q, kv, kv_heads_read(self.full_cfg, q))) is not None] + found
             self.step_findings = found
-            self._previous = metas[0]
+            self._previous = metas
         return super().verify(vb)
 
     def rounds(self):
