@@ -37,6 +37,7 @@ from harness.engine.tp.sharding import kv_heads_of_rank, shard_plan, tp_refusal
 
 TIMEOUT_ENV = "DDCHECK_TP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
+AHEAD = 16   # rounds rank 0 may run ahead of the check (each holds its full-vocabulary logits)
 
 
 class RankFailed(RuntimeError):
@@ -145,7 +146,7 @@ def run_ranks(job: RankJob) -> Iterator[tuple[str, tuple]]:
     finish_findings)). Raises RankFailed for a rank that raised, died or went silent. The ranks are ended
     when the caller stops early."""
     ctx = rank_context()
-    results = ctx.Queue()
+    results = ctx.Queue(maxsize=AHEAD)   # rank 0 runs at most AHEAD rounds ahead of the check
     fd, init_file = tempfile.mkstemp(prefix="ddcheck-tp-")
     os.close(fd)
     os.unlink(init_file)   # the rendezvous file must not exist before the group forms
