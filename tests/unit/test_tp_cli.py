@@ -136,3 +136,25 @@ def test_serving_backends_are_refused_under_tp(backend):
     with pytest.raises(NotRunnableHere, match="serving backend"):
         tp_refusals(RunSettings(tp=2, backend=backend), PRESETS["tiny"])
     tp_refusals(RunSettings(tp=2, backend="torch"), PRESETS["tiny"])   # ddcheck's own backends are not
+
+
+class _FullQueue:
+    """A queue nobody reads: every put times out."""
+
+    def __init__(self):
+        self.timeouts = []
+
+    def put(self, msg, timeout=None):
+        self.timeouts.append(timeout)
+        raise queue.Full
+
+
+def test_a_rank_whose_launcher_is_gone_ends(tmp_path):
+    """rank_main in this process as a group of one: its step and then its error wait the rank timeout for
+    room in the queue, and the rank returns instead of blocking forever."""
+    from harness.engine.tp.launch import rank_main
+    job = prepare(RunSettings(tp=2, backend="torch", max_new_tokens=10)).engine._job
+    job = replace(job, settings=replace(job.settings, tp=1), init_file=str(tmp_path / "rendezvous"), timeout_s=7.0)
+    q = _FullQueue()
+    rank_main(0, job, q)
+    assert q.timeouts == [7.0, 7.0]   # the first round, then the error saying it could not be sent

@@ -214,7 +214,11 @@ def _next_message(results, procs, timeout_s: float, grace_s: float = 2.0) -> tup
 
 
 def rank_main(rank: int, job: RankJob, results) -> None:
-    """One rank's process: join the group, build its engine over its shard, run the rounds."""
+    """One rank's process: join the group, build its engine over its shard, run the rounds. Every message
+    waits at most the rank timeout for room in the queue: a rank whose launcher is gone ends, never hangs."""
+    def send(msg) -> None:
+        results.put(pickle.dumps(msg), timeout=job.timeout_s)
+
     try:
         s = job.settings
         group = join(rank, s.tp, job.init_file, s.device, job.timeout_s)
@@ -226,12 +230,14 @@ def rank_main(rank: int, job: RankJob, results) -> None:
         engine = RankEngine(job, s, shard, group, make_backend(s.backend, s.device, s.torch_dtype), pipeline)
         for result in engine.rounds():
             if rank == 0:
-                results.put(pickle.dumps(("step", (on_cpu(result), engine.requests))))
+                send(("step", (on_cpu(result), engine.requests)))
         if rank == 0:
-            results.put(pickle.dumps(("done", (engine.requests, engine.finish_findings))))
+            send(("done", (engine.requests, engine.finish_findings)))
     except BaseException as e:  # noqa: BLE001  (reported to the launcher, which ends the run with it)
         error = traceback.format_exception_only(type(e), e)[-1].strip()
-        results.put(pickle.dumps(("error", (rank, error, f"rank {rank}: {traceback.format_exc()}"))))
+        try:
+            send(("error", (rank, error, f"rank {rank}: {traceback.format_exc()}")))
+        except queue_mod.Full:
+            pass   # nobody reads any more: the launcher is gone
     finally:
         leave()
-
