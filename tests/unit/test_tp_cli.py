@@ -82,6 +82,7 @@ def test_silent_ranks_time_out():
     (["--tp", "3"], {}, "attention heads"),
     (["--drafter", "self"], {}, "seeded drafter"),
     ([], {"DDCHECK_TP_TIMEOUT_S": "soon"}, "DDCHECK_TP_TIMEOUT_S"),
+    ([], {"DDCHECK_TP_TIMEOUT_S": "inf"}, "DDCHECK_TP_TIMEOUT_S"),
 ])
 def test_what_tp_cannot_run_is_a_usage_error(tmp_path, flags, env, words):
     out = tmp_path / "r.jsonl"

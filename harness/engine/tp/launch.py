@@ -1,6 +1,6 @@
 """ddcheck launches the ranks itself (torch.multiprocessing's forkserver, else spawn; the user
 never starts a rank by hand). The process that runs the check is not a
-rank: it spawns `--tp` ranks, each builds its own engine and verify
+rank: it starts `--tp` ranks, each builds its own engine and verify
 metadata, and rank 0 streams its rounds back through a queue. A rank that
 raises ends the run with its traceback; a rank that dies or goes silent for
 DDCHECK_TP_TIMEOUT_S seconds (default 300) is an error, never a hang.
@@ -56,8 +56,8 @@ def rank_timeout_s() -> float:
         value = float(raw)
     except ValueError:
         raise UsageError(f"{TIMEOUT_ENV} must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise UsageError(f"{TIMEOUT_ENV} must be > 0, got {raw!r}")
+    if not 0 < value < 86400:
+        raise UsageError(f"{TIMEOUT_ENV} must be > 0 and under a day of seconds, got {raw!r}")
     return value
 
 
