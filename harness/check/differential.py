@@ -24,6 +24,7 @@ from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
 from harness.engine.ddtree.mask import kernel_visible
+from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
 
 
 def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None] | None = None,
@@ -76,6 +77,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         summary.steps += 1
         progress.ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
+        _check_ranks(result, summary, writer)   # --tp: the cause, where a rank disagrees, before its logits
         with clock.oracle(), oracle_threads(threads):
             for rs in result.requests:
                 rs = _engine_rows(rs, p.engine.cfg.vocab_size, summary)
@@ -367,6 +369,17 @@ def _check_provenance(findings, requests, summary: CheckSummary, writer: RecordW
             summary.first = FirstDivergence(f.step, rid, 0, None, False, None, "provenance", f.text)
 
 
+def _check_ranks(result, summary: CheckSummary, writer: RecordWriter) -> None:
+    """--tp: each rank whose metadata or KV heads disagree with rank 0's (harness/engine/tp/audit.py) is a
+    `tp-rank` record and a divergence named by its class."""
+    for f in result.rank_findings:
+        writer.write(f.record(summary.setting))
+        summary.rank_findings += 1
+        if summary.first is None:
+            rid = result.requests[0].rid if result.requests else 0
+            summary.first = FirstDivergence(f.step, rid, 0, None, False, None, f.cls, f.text)
+
+
 def _cross_check_acceptance(rs: RequestStep, accept: str, summary: CheckSummary, writer: RecordWriter) -> None:
     """The acceptor that did not drive the run must agree with the one that did."""
     if rs.cross_check is None or rs.cross_check == rs.acceptance:
@@ -475,9 +488,11 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         summary.fault_class, summary.explanation = "model-arithmetic", first.detail
         summary.stage, summary.quantity = "model forward", "logits"
         return
-    if first.what in ("tree", "crash"):  # the localizer probes the verify forward; a tree is decided before it
+    if first.what in ("tree", "crash") or first.what in RANK_CLASSES:  # decided before the verify forward
         summary.fault_class, summary.explanation = first.what, first.detail
-        if first.what == "tree":
+        if first.what in RANK_CLASSES:   # the ranks' audit measured the first wrong quantity itself
+            summary.stage, summary.quantity = RANK_WHERE[first.what]
+        elif first.what == "tree":
             summary.stage, summary.quantity = "tree build", "tree"
         else:
             _crashed_inputs(p, summary)

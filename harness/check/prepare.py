@@ -170,9 +170,18 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     if s.eos_id is not None and s.eos_id >= cfg.vocab_size:
         raise UsageError(f"--eos-id {s.eos_id} is outside the model's vocabulary (vocab_size {cfg.vocab_size})")
     with timed_phase(phases, "engine_build"):
-        engine = Engine(s, cfg, loaded.weights, backend, specs, ids, pipeline)  # shared; cast only off the run dtype
+        # the weights are shared; cast only off the run dtype
+        engine = engine_class(s)(s, cfg, loaded.weights, backend, specs, ids, pipeline)
         twin = twin_for(s, engine)
     return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})
+
+
+def engine_class(s: RunSettings):
+    """One process, or --tp ranks launched by ddcheck (harness/engine/tp/launch.py)."""
+    if s.tp == 1:
+        return Engine
+    from harness.engine.tp.launch import TPEngine
+    return TPEngine
 
 
 def check_capturable(s: RunSettings, backend) -> None:

@@ -23,6 +23,7 @@ class FirstDivergence:
     #                     | config | weights (the engine's loader disagrees with the oracle's reading)
     #                     | tree | accept-ref (the engine's tree / walk against the oracle's own)
     #                     | provenance (a KV slot read or written against the canary's record of it)
+    #                     | rank-* / kv-heads-sharded (--tp: a rank disagrees with rank 0; the class itself)
     #                     | crash (the engine under test raised before anything diverged; detail names where)
     #                     | drift (the noise floor's run-level test: every node's error above the oracle's
     #                       own low-precision computation's; detail says by how much)
@@ -75,6 +76,7 @@ class CheckSummary:
     first_finding: str | None = None
     strict: bool = False             # warnings fail the run too
     provenance_findings: int = 0     # KV canary findings: slots read or written against their provenance
+    rank_findings: int = 0           # --tp: a rank's verify metadata or KV heads against rank 0's (tp-rank records)
     divergent_steps: int = 0         # verify steps with at least one divergent node
     stopped_early: bool = False      # the run ended after --stop-after divergent steps
     engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
@@ -113,7 +115,7 @@ class CheckSummary:
         return (self.divergent_nodes == 0 and self.nonfinite_padding_rows == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
                 and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
                 and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
-                and self.provenance_findings == 0 and not self.drift_exceeded
+                and self.provenance_findings == 0 and self.rank_findings == 0 and not self.drift_exceeded
                 and not self.excess_exceeded)
 
 

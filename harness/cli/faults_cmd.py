@@ -89,7 +89,7 @@ def faults(
                 # progress, one unwrapped line per run as it finishes (a CI log shows it live)
                 if row is None:
                     typer.echo(f"[{n}/{total}] skip: the port cannot run this setting, or replaces the stage the "
-                               "fault swaps", err=True)
+                               "fault swaps, or --tp ranks cannot run here", err=True)
                     continue
                 rows.append(row)
                 typer.echo(f"[{n}/{total}] {row.fault or 'fault-free'} seed {row.settings.seed}: "

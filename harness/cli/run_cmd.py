@@ -34,7 +34,9 @@ def default_out(s: RunSettings) -> Path:
     graph = "graph" if s.cuda_graph else "eager"
     fault = f"-{s.fault}" if s.fault else ""
     page = f"-p{s.page_size}" if s.page_size != 1 else ""
-    return Path("reports") / f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{page}{fault}.jsonl"
+    tp = f"-tp{s.tp}" if s.tp != 1 else ""
+    name = f"run-b{s.budget}-k{s.topk}-{graph}-bs{s.batch}-{s.backend}-{s.dtype}{page}{tp}{fault}.jsonl"
+    return Path("reports") / name
 
 
 @app.command()
@@ -85,6 +87,8 @@ def run(
     drafter: str = typer.Option("auto", help="noisy (a seeded stand-in), self (the target's first --draft-layers "
                                 "layers + norm + head, an early exit), auto (self for a checkpoint, noisy for a preset)"),
     draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: all but the target's last two layers)"),
+    tp: int = typer.Option(1, help="tensor-parallel ranks of the engine under test, launched by ddcheck (gloo on the "
+                           "CPU, NCCL on GPUs); DDCHECK_TP_TIMEOUT_S bounds a silent rank"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     try:
@@ -97,7 +101,7 @@ def run(
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
                         oracle_device=oracle_device, verdict=verdict, tf32=tf32,
                         noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
-                        page_size=page_size, drafter=drafter, draft_layers=draft_layers)
+                        page_size=page_size, drafter=drafter, draft_layers=draft_layers, tp=tp)
         path = out or (SIDE_BY_SIDE_OUT if impl and len(impl) > 1 else default_out(s))
         check_outputs(out=path)   # the default path too: never a link, a device or a FIFO
         check_not_inputs({"--out": path, "--html": html}, run_inputs(s, impl).items())

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.check.summary import CheckSummary
+from harness.engine.tp.audit import RANK_CLASSES
 
 
 def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
@@ -64,6 +65,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("first divergence", f"{f.what}: {f.detail}")
     elif f.what == "provenance":
         t.add_row("first divergence", f"step {f.step}, request {f.request}, KV provenance: {f.detail}")
+    elif f.what in RANK_CLASSES:
+        t.add_row("first divergence", escape(f"step {f.step}, TP ranks disagree: {f.detail}"))
     elif f.what in ("config", "weights"):
         t.add_row("first divergence", f"the checkpoint's {f.what}: the engine's loader and the oracle's disagree")
     elif f.what == "stream":

@@ -181,6 +181,7 @@ def sweep(
     batch: Optional[str] = typer.Option(None, help="comma list (default 1)"),
     dtype: Optional[str] = typer.Option(None, help="comma list (default float32)"),
     page_size: Optional[str] = typer.Option(None, help="comma list of KV page sizes, e.g. 1,16,64 (default 1)"),
+    tp: Optional[str] = typer.Option(None, help="comma list of tensor-parallel rank counts, e.g. 1,2,4 (default 1)"),
     sliding_window: Optional[str] = typer.Option(None, help="comma list of windows, 0 for none (default 0)"),
     case: Optional[Path] = typer.Option(None, help="take model, prompts and matrix from a case file instead"),
     fault: Optional[str] = typer.Option(None, help="switch a fault on wherever it can show"),
@@ -202,7 +203,8 @@ def sweep(
         check_outputs(out=out, html=html)
         check_jobs(jobs)
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
-                        "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size}
+                        "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size,
+                        "tp": tp}
         run_flags = {"max_new_tokens": max_new_tokens, "block_size": block_size, "model": model, "seed": seed,
                      "accept": accept, "drafter": drafter, "draft_layers": draft_layers}
         if case is not None:
@@ -256,7 +258,7 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     """The product of the comma-list flags (omitted axes take their defaults)."""
     from harness.workflows.cases import AXIS_DEFAULTS, Matrix
     kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
-             "sliding_window": int, "page_size": int}
+             "sliding_window": int, "page_size": int, "tp": int}
     axes = {k: parse_list(_flag(k), v, kinds[k]) for k, v in matrix_flags.items() if v is not None}
     axes.setdefault("backend", (pick_backend(None),))
     base = RunSettings(**run_flags, device=pick_device(device))

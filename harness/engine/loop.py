@@ -68,6 +68,7 @@ class StepResult:
     requests: tuple[RequestStep, ...]
     batch: VerifyBatch
     provenance: tuple[ProvenanceFinding, ...] = ()  # the KV canary's findings on this round's reads and writes
+    rank_findings: tuple = ()   # tensor parallelism: where a rank's metadata or shard disagrees (engine/tp/audit.py)
 
 
 class Engine:
@@ -79,7 +80,7 @@ class Engine:
         self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
         dev, q_len = settings.device, pipeline.width(settings.budget)
         self.q_len = q_len
-        self.model = LlamaModel(cfg, weights, settings.torch_dtype, dev)
+        self.model = self._build_model(cfg, weights)
         self.max_context = max(map(len, prompt_ids)) + settings.max_new_tokens + q_len + 2
         if self.max_context > cfg.max_position:
             raise UsageError(f"prompts + --max-new-tokens + q_len need {self.max_context} positions; "
@@ -90,7 +91,7 @@ class Engine:
         self.finish_findings: list[ProvenanceFinding] = []  # committed slots already free when a request retired
         self.req_pool = ReqToTokenPool(len(prompts) + 1, self.max_context, dev)
         # settings.accept drives the run; the other acceptor is cross-checked every step
-        self.accept, self.cross_accept = pick_acceptors(settings.accept, pipeline.accept)
+        self.accept, self.cross_accept = self._acceptors(settings.accept, pipeline.accept)
         self._choose_stages()
         self.drafter = make_drafter(settings.drafter_config(cfg.num_layers), self.model, settings.seed)
         self.requests = [Request(i, ids, spec, self.req_pool.alloc())
@@ -99,6 +100,14 @@ class Engine:
         self.serving = self._bind_serving(serving_of(backend), len(prompts))
         self.served_meta = None   # the metadata the serving backend built for the last served forward
         self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
+
+    def _build_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaModel:
+        """The target model (a tensor-parallel rank builds its shard instead: harness/engine/tp)."""
+        return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device)
+
+    def _acceptors(self, accept: str, walk):
+        """(the acceptor that drives the run, the one cross-checked against it, or None)."""
+        return pick_acceptors(accept, walk)
 
     def _bind_serving(self, backend, max_bs: int) -> ServingSession | None:
         if backend is None:

@@ -51,3 +51,8 @@ class Pipeline:
     commit_paged: Callable = commit_paged
     # wraps the run's attention backend (a change to the kernel itself): backend -> backend; None: as made
     attention: Optional[Callable] = None
+    # tensor parallelism (harness/engine/tp): each rank's own pipeline, (pipeline, rank, tp) -> pipeline (a stage
+    # broken on one rank); None: every rank runs this one. Picklable: it travels to the ranks
+    rank_stages: Optional[Callable] = None
+    # the KV heads each rank holds, (rank, tp, num_kv_heads) -> heads; None: SGLang's rule (tp/sharding.py)
+    kv_head_layout: Optional[Callable] = None

@@ -29,7 +29,7 @@ class NotRunnableHere(UsageError):
 # enough that a run of it ends; case files and sweep lists are held to the same.
 LIMITS = {"budget": 1024, "topk": 64, "block_size": 64, "batch": 256, "max_new_tokens": 8192,
           "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1,
-          "sliding_window": 2**20, "draft_layers": 1024}
+          "sliding_window": 2**20, "draft_layers": 1024, "tp": 64}
 DRAFTER_CHOICES = ("auto", "noisy", "self")   # auto: self for a checkpoint or trained model, noisy for a preset
 
 
@@ -76,11 +76,12 @@ class RunSettings:
     sliding_window: int | None = None  # a sliding window on the model (its own sliding layers, else every layer)
     drafter: str = "auto"           # noisy | self | auto (harness/engine/ddtree/drafter.py)
     draft_layers: int | None = None  # the self-draft's k (None: all but the target's last two layers)
+    tp: int = 1                     # tensor-parallel ranks of the engine under test (harness/engine/tp)
 
     def __post_init__(self) -> None:
         bounded = [within_limit(name, getattr(self, name), minimum) for name, minimum in
                    (("budget", 1), ("topk", 1), ("block_size", 2), ("batch", 1), ("max_new_tokens", 1),
-                    ("seed", 0), ("stop_after", 0))]
+                    ("seed", 0), ("stop_after", 0), ("tp", 1))]
         bounded.append(None if self.eos_id is None else within_limit("eos_id", self.eos_id, 0))
         bounded.append(None if self.sliding_window is None else within_limit("sliding_window", self.sliding_window, 1))
         bounded.append(None if self.draft_layers is None else within_limit("draft_layers", self.draft_layers, 1))
@@ -108,7 +109,7 @@ class RunSettings:
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
                    f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
-        checks += page_size_checks(self)
+        checks += page_size_checks(self) + tp_checks(self)
         for ok, msg in checks:
             if not ok:
                 raise UsageError(msg)
@@ -172,6 +173,8 @@ class RunSettings:
             parts.append(f"--drafter {self.drafter}")
         if self.draft_layers is not None:
             parts.append(f"--draft-layers {self.draft_layers}")
+        if self.tp != 1:
+            parts.append(f"--tp {self.tp}")
         if self.case:
             parts.append(f"--case {shlex.quote(self.case)}")
         if self.prompt_file:
@@ -188,6 +191,14 @@ def page_size_checks(s: "RunSettings") -> list[tuple[bool, str]]:
     """--page-size: a power of two up to 64 (a port whose own commit is in play skips a paged setting: ports/attach.py)."""
     return [(s.page_size in PAGE_SIZES, f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, "
                                         f"got {s.page_size}")]
+
+
+def tp_checks(s: "RunSettings") -> list[tuple[bool, str]]:
+    """--tp N > 1 runs ddcheck's own engine eagerly over N ranks (the backend and model are checked at build)."""
+    if s.tp == 1:
+        return []
+    return [(not s.cuda_graph, f"--tp {s.tp} runs eagerly: the graph runner captures one process (use --no-cuda-graph)"),
+            (s.impl is None, f"--tp {s.tp} shards ddcheck's own engine; a port under test (--impl) runs in one process")]
 
 
 def _valid_rule(rule) -> bool:

@@ -60,11 +60,12 @@ from harness.check.prompts import MAX_PROMPT_LEN
 from harness.engine.settings import (DEFAULT_PROMPTS, DRAFTER_CHOICES, DTYPES, LIMITS, PAGE_SIZES, PromptSpec,
                                      RunSettings, UsageError)
 
-AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "model", "page_size")
+AXES = ("budget", "topk", "cuda_graph", "backend", "batch", "dtype", "sliding_window", "model", "page_size", "tp")
 AXIS_DEFAULTS = {"budget": (16,), "topk": (1,), "cuda_graph": (False,), "backend": ("torch",),
-                 "batch": (1,), "dtype": ("float32",), "sliding_window": (0,), "model": ("",), "page_size": (1,)}
+                 "batch": (1,), "dtype": ("float32",), "sliding_window": (0,), "model": ("",), "page_size": (1,),
+                 "tp": (1,)}
 _AXIS_TYPES = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
-               "sliding_window": int, "model": str, "page_size": int}
+               "sliding_window": int, "model": str, "page_size": int, "tp": int}
 ZERO_IS_OFF = ("sliding_window",)   # axes whose 0 means "none" (RunSettings holds None)
 EMPTY_IS_BASE = ("model",)          # axes whose "" means the case's own (a table may name another model)
 _TOP_KEYS = {"name", "description", "model", "seed", "max_new_tokens", "block_size", "prompts", "matrix",

@@ -43,6 +43,9 @@ SHOW_SETTINGS: dict[str, dict] = {
     "swa-window-by-row-index": {"sliding_window": 8, "topk": 2},
     "swa-window-ignored": {"sliding_window": 8},
     "sinks-first-row-only": {"model": "tiny-sinks"},
+    "tp-stale-mask": {"tp": 2},
+    "tp-shifted-kv-indices": {"tp": 2},
+    "tp-kv-heads-sharded": {"tp": 4},   # tiny has 2 KV heads: replicated over 4 ranks
 }
 
 # The fault-free matrix, run once per seed.
@@ -103,6 +106,16 @@ def stop_token(s: RunSettings) -> int:
     return next((t for i, t in enumerate(stream) if i >= 2 and t not in stream[:i]), stream[-1])
 
 
+def tp_runs_here(tp: int, base: RunSettings) -> bool:
+    """A --tp setting can run on top of `base` here: ddcheck's own engine, not a serving backend, enough GPUs."""
+    if tp == 1:
+        return True
+    import torch
+    from harness.engine.attn.registry import serves_batches
+    return (base.impl is None and not base.cuda_graph and not serves_batches(base.backend)
+            and (not base.device.startswith("cuda") or torch.cuda.device_count() >= tp))
+
+
 def run_one(s: RunSettings, expected_class: str | None) -> CheckRow | None:
     """None: a port under test cannot run this setting (or the fault's stage is the port's)."""
     from harness.check.differential import check
@@ -127,6 +140,9 @@ def self_check(backend: str = "torch", seeds: int = 5, quick: bool = False, faul
     cat = catalog()
     for name in faults or list(cat):
         for seed in range(fault_seeds):
+            if not tp_runs_here(SHOW_SETTINGS[name].get("tp", 1), base):
+                yield None   # a TP fault where its ranks cannot run (a port under test, too few GPUs)
+                continue
             s = fault_settings(name, base, seed)
             vocab = load_model(s.model, s.seed)[0].vocab_size
             reason = why_cannot_show(name, s, vocab)

@@ -47,8 +47,9 @@ def short_label(s: RunSettings) -> str:
     port = f" [{s.impl.partition(':')[0]}]" if s.impl else ""
     page = f" page{s.page_size}" if s.page_size != 1 else ""
     window = f" swa{s.sliding_window}" if s.sliding_window is not None else ""
+    tp = f" tp{s.tp}" if s.tp != 1 else ""
     return (f"b{s.budget} k{s.topk} graph-{'on' if s.cuda_graph else 'off'} {s.backend} bs{s.batch} "
-            f"{s.dtype}{window}{page}{fault}{port}")
+            f"{s.dtype}{window}{page}{tp}{fault}{port}")
 
 
 def with_impls(jobs: list[SettingJob], impls: list[str] | None, port_stages: str | None = None) -> list[SettingJob]:

@@ -5,7 +5,7 @@ divergent batch and bisect the divergent node's layers.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.check.localize.attention_audit import audit_attention
 from harness.check.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
@@ -46,7 +46,8 @@ def localize(p, first) -> Localization:
     same weights and pipeline is built);
     first: the run's FirstDivergence."""
     from harness.check.prepare import derive
-    fresh = derive(p)  # the run's weights, oracle and pipeline (custom stages, ports): nothing loaded twice
+    fresh = derive(p) if p.settings.tp == 1 else \
+        derive(p, replace(p.settings, tp=1), tuple(p.prompts), p.engine.pipeline)  # --tp: replayed in one process
     engine, oracle, tol = fresh.engine, p.oracle, p.tolerance
     kv = KVAudit()
     node = first.node if first.what not in ("stream", "accept") else None

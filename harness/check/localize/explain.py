@@ -34,6 +34,8 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
                    "swa-window-ignored")
 # paged KV (page size > 1): named from the per-token commit audit and the rows' slots (localize/paged_audit.py)
 CATALOG_CLASSES += ("kv-compaction-permuted", "branch-shared-tail")
+# --tp: named by the ranks' agreement audit (harness/engine/tp/audit.py), not by the replay
+CATALOG_CLASSES += ("rank-stale-mask", "rank-kv-indices", "kv-heads-sharded")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("window-mask",   # the sliding layers' mask breaks the window rule, no single pattern
                     "inverted-mask",  # the mask as the kernel reads it is the complement of the ancestor mask
