@@ -4,7 +4,8 @@ A worker imports its verify input class and its helpers from files beside it
 (`from sglang.srt.speculative.dflash_info import DFlashVerifyInput`). Loaded
 alone, those imports would reach the installed SGLang's files, not the port's:
 the port would be judged on someone else's code. `load_port_files` loads the
-siblings the entry file reaches (transitively) from the user's checkout, in
+siblings the entry file reaches (transitively, those of the port's lineage:
+a fork's copies of SGLang's other files stay the installed SGLang's) from the user's checkout, in
 dependency order, and while each runs makes the checkout's module answer to
 the dotted name the worker imports it by. The aliases are removed afterwards:
 nothing of the checkout stays importable by name.
@@ -44,13 +45,14 @@ class PortFiles:
         return tuple(dict.fromkeys(s for _, m in self.modules for s in m.stubbed))
 
 
-def sibling_imports(path: Path) -> dict[str, str]:
-    """{stem: dotted name} of the files beside `path` that it imports (parsed, not run)."""
+def sibling_imports(path: Path, lineage: str = "") -> dict[str, str]:
+    """{stem: dotted name} of the files beside `path` that it imports (parsed, not run); lineage:
+    only files whose name starts so (the port's own files, not the fork's copies of SGLang's)."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
     except (SyntaxError, ValueError, OSError) as e:
         raise PortError(f"{path} cannot be parsed: {e}".splitlines()[0]) from None
-    beside = {p.stem for p in path.parent.glob("*.py")} - {path.stem}
+    beside = {p.stem for p in path.parent.glob("*.py") if p.stem.startswith(lineage)} - {path.stem}
     found: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -64,7 +66,7 @@ def sibling_imports(path: Path) -> dict[str, str]:
     return found
 
 
-def _load_order(entry: Path) -> list[tuple[str, str]]:
+def _load_order(entry: Path, lineage: str) -> list[tuple[str, str]]:
     """(stem, dotted name) of every sibling the entry reaches, dependencies first, entry last."""
     order: list[tuple[str, str]] = []
     visiting: set[str] = set()
@@ -73,7 +75,7 @@ def _load_order(entry: Path) -> list[tuple[str, str]]:
         if stem in visiting or any(s == stem for s, _ in order):
             return   # an import cycle: the file already being loaded answers as far as it got
         visiting.add(stem)
-        for dep, dep_name in sibling_imports(entry.parent / f"{stem}.py").items():
+        for dep, dep_name in sibling_imports(entry.parent / f"{stem}.py", lineage).items():
             visit(dep, dep_name)
         order.append((stem, dotted))
 
@@ -81,12 +83,14 @@ def _load_order(entry: Path) -> list[tuple[str, str]]:
     return order
 
 
-def load_port_files(entry: Path) -> PortFiles:
-    """The entry file and the siblings it imports, all from the user's checkout."""
+def load_port_files(entry: Path, lineage: str = "") -> PortFiles:
+    """The entry file and the siblings it imports whose names start with `lineage` (the port's
+    own files; a fork's copies of SGLang's other files stay the installed SGLang's), all from
+    the user's checkout."""
     entry = Path(entry)
     if not entry.is_file():
         raise PortError(f"port file {entry} does not exist")
-    order = _load_order(entry)
+    order = _load_order(entry, lineage)
     saved: dict[str, object] = {}
     loaded: list[tuple[str, LoadedPort]] = []
     try:

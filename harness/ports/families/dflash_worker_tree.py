@@ -47,6 +47,7 @@ IN_CHECKOUT = ("python/sglang/srt/speculative/dflash_worker.py", "sglang/srt/spe
 # the worker method's parameters this adapter knows how to fill
 METHOD_PARAMS = ("batch", "draft_input", "draft_hidden", "lm_head")
 TREE_LINKS = ("retrieve_next_token", "retrieve_next_sibling")
+LINEAGE = "dflash"         # the port's own files: dflash_worker, dflash_info, dflash_utils
 MAX_VOCAB = 32768          # the identity head double is [V, V] float32
 
 CONVENTIONS = Conventions(
@@ -183,7 +184,7 @@ class DFlashWorkerTree:
         if isinstance(found, str):
             raise PortError(f"{worker_file}: dflash-worker-tree does not fit: {found} (see docs/ADAPTERS.md)")
         self.cls_name, self.method_name, _ = found
-        self.files = load_port_files(worker_file)
+        self.files = load_port_files(worker_file, LINEAGE)
         self.path, self.stubbed = worker_file, self.files.stubbed
         self.worker_mod = self.files[worker_file.stem].module
         cls = getattr(self.worker_mod, self.cls_name, None)
@@ -203,7 +204,7 @@ class DFlashWorkerTree:
 
     def _verify_input_class(self, worker_file: Path):
         """The verify input class the worker imports from its sibling, and that sibling's module."""
-        for stem, dotted in sibling_imports(worker_file).items():
+        for stem, dotted in sibling_imports(worker_file, LINEAGE).items():
             mod = self.files[stem].module
             for name, obj in vars(mod).items():
                 if name.endswith("VerifyInput") and isinstance(obj, type) and obj.__module__ == mod.__name__:
