@@ -140,10 +140,10 @@ def test_only_the_lineages_files_are_loaded(tmp_path):
     root = write_checkout(tmp_path)
     (root / SPEC / "spec_helpers.py").write_text("raise RuntimeError('the fork copy of an SGLang file')\n")
     worker = root / SPEC / "dflash_worker.py"
-    worker.write_text("from sglang.srt.speculative.spec_helpers import helper\n" + worker.read_text())
+    worker.write_text("from vllm.spec_helpers import helper\n" + worker.read_text())   # not installed: stubbed
     files = load_port_files(worker, "dflash")
     assert "spec_helpers" not in [s for s, _ in files.modules]
-    assert "sglang.srt.speculative.spec_helpers" in files.stubbed
+    assert "vllm.spec_helpers" in files.stubbed
 
 
 def test_lineage_names_what_ran_and_the_commit(tmp_path):
