@@ -147,6 +147,8 @@ VARIANTS = {
                "        import os\n        os.environ['SGLANG_DDTREE_GONE_VARIABLE']\n"),
     # the a34ac5338 shape: a mask but no tree links
     "no_links": ("worker", ", retrieve_next_token=nxt_all, retrieve_next_sibling=sib_all)", ")"),
+    # the SyJarvis shape: tree links handed over, the mask built later by the verify input
+    "mask_later": ("worker", "custom_mask=custom_mask, ", ""),
     # a method the adapter cannot call: other parameters
     "other_params": ("worker", "def _tree_and_mask(self, batch, draft_input, draft_hidden, lm_head):",
                      "def _tree_and_mask(self, *, draft_hidden, start_positions, block_ids, lm_head):\n"

@@ -165,7 +165,8 @@ def test_lineage_without_git_says_commit_unknown(tmp_path):
     assert adapter.lineage.commit is None and "commit unknown" in adapter.lineage.sentence()
 
 
-@pytest.mark.parametrize("variant,why", [("no_links", "no tree links"), ("other_params", "parameters this adapter fills")])
+@pytest.mark.parametrize("variant,why", [("no_links", "no tree links"), ("mask_later", "no custom_mask"),
+                                         ("other_params", "parameters this adapter fills")])
 def test_fits_says_why_a_worker_cannot_be_driven(tmp_path, variant, why):
     root = write_checkout(tmp_path, variant)
     assert why in fits(root)

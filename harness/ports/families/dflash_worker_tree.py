@@ -42,8 +42,8 @@ from harness.ports.worker_lineage import WorkerLineage, checkout_commit
 from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 
-IN_CHECKOUT = ("python/sglang/srt/speculative/dflash_worker.py", "sglang/srt/speculative/dflash_worker.py",
-               "dflash_worker.py")
+IN_CHECKOUT = tuple(f"{d}{name}" for name in ("dflash_worker.py", "dflash_ddtree_worker.py")
+                    for d in ("python/sglang/srt/speculative/", "sglang/srt/speculative/", ""))
 # the worker method's parameters this adapter knows how to fill
 METHOD_PARAMS = ("batch", "draft_input", "draft_hidden", "lm_head")
 TREE_LINKS = ("retrieve_next_token", "retrieve_next_sibling")
@@ -64,14 +64,15 @@ CONVENTIONS = Conventions(
 )
 
 
-def _method_builds_tree(fn: ast.FunctionDef) -> bool:
-    """A method constructing a *VerifyInput with a custom mask and the tree's links."""
+def _verify_inputs_built(fn: ast.FunctionDef) -> list[tuple[str, set[str]]]:
+    """(class name, keywords given a value other than None) of each *VerifyInput the method constructs."""
+    out = []
     for node in ast.walk(fn):
         if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("VerifyInput"):
-            kws = {k.arg for k in node.keywords}
-            if "custom_mask" in kws and set(TREE_LINKS) <= kws:
-                return True
-    return False
+            kws = {k.arg for k in node.keywords
+                   if k.arg and not (isinstance(k.value, ast.Constant) and k.value.value is None)}
+            out.append((ast.unparse(node.func), kws))
+    return out
 
 
 def find_worker_method(worker_file: Path) -> tuple[str, str, tuple[str, ...]] | str:
@@ -81,21 +82,25 @@ def find_worker_method(worker_file: Path) -> tuple[str, str, tuple[str, ...]] | 
         tree = ast.parse(worker_file.read_text(encoding="utf-8", errors="replace"))
     except (SyntaxError, ValueError, OSError) as e:
         return f"{worker_file.name} cannot be parsed ({type(e).__name__})"
-    seen_mask_only = None
+    near = None     # the closest miss, said when nothing fits
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
         for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
             params = tuple(a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs)
-            if _method_builds_tree(fn):
-                if not set(METHOD_PARAMS) <= set(params):
-                    return (f"{cls.name}.{fn.name}({', '.join(params)}) builds the tree, but takes none of the "
-                            f"parameters this adapter fills ({', '.join(METHOD_PARAMS)})")
-                return cls.name, fn.name, params
-            if any(isinstance(n, ast.keyword) and n.arg == "custom_mask" for n in ast.walk(fn)):
-                seen_mask_only = f"{cls.name}.{fn.name}"
-    if seen_mask_only:
-        return (f"{seen_mask_only} hands over a custom mask but no tree links ({', '.join(TREE_LINKS)}): the tree "
-                "could only be read back from the port's own mask, which is what is under test")
-    return f"no worker method of {worker_file.name} constructs a *VerifyInput(custom_mask=..., {', '.join(TREE_LINKS)}=...)"
+            for vi, kws in _verify_inputs_built(fn):
+                where = f"{cls.name}.{fn.name}"
+                if "custom_mask" in kws and set(TREE_LINKS) <= kws:
+                    if not set(METHOD_PARAMS) <= set(params):
+                        return (f"{where}({', '.join(params)}) builds the tree, but takes none of the "
+                                f"parameters this adapter fills ({', '.join(METHOD_PARAMS)})")
+                    return cls.name, fn.name, params
+                if "custom_mask" in kws:
+                    near = (f"{where} hands {vi} a custom mask but no tree links ({', '.join(TREE_LINKS)}): the "
+                            "tree could only be read back from the port's own mask, which is what is under test")
+                elif set(TREE_LINKS) <= kws and near is None:
+                    near = (f"{where} hands {vi} the tree links but no custom_mask: the mask is built later, "
+                            "outside the worker method (by the verify input), which this family does not drive")
+    return near or (f"no worker method of {worker_file.name} constructs a *VerifyInput(custom_mask=..., "
+                    f"{', '.join(TREE_LINKS)}=...)")
 
 
 def locate(path: Path) -> Path:
