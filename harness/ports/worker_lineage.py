@@ -79,7 +79,8 @@ class WorkerLineage:
         previous = sys.getprofile()
 
         def hook(frame, event, arg):
-            if event == "call" and str(frame.f_globals.get("__name__", "")).startswith(PORT_MODULE_PREFIX):
+            if (event == "call" and str(frame.f_globals.get("__name__", "")).startswith(PORT_MODULE_PREFIX)
+                    and not frame.f_code.co_filename.startswith("<")):   # not code a decorator generated
                 code = frame.f_code
                 key = (code.co_filename, getattr(code, "co_qualname", code.co_name))
                 if key not in self.reached:

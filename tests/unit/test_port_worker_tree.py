@@ -215,3 +215,19 @@ def test_the_adapter_example_registers_and_fits(monkeypatch):
     c = adapter.compile([tree], [3])
     block = kernel_visible(c.mask.data).view(tree.q_len, 3 + tree.q_len)
     assert audit_mask(0, 0, tree, 3, block, True, mask_encoding(c.mask.data)) == []
+
+
+@pytest.mark.parametrize("variant,exit_code", [(None, 0), ("self_compare", 1), ("raises", 4)])
+def test_a_run_judges_the_workers_code_and_names_what_ran(tmp_path, variant, exit_code):
+    import json
+    root = write_checkout(tmp_path / "port", *([variant] if variant else []))
+    out = tmp_path / "run.jsonl"
+    r = CliRunner().invoke(app, ["run", "--impl", f"dflash-worker-tree:{root}", "--budget", "4", "--topk", "1",
+                                 "--max-new-tokens", "3", "--backend", "torch", "--no-cuda-graph", "--drafter", "self",
+                                 "--draft-layers", "1", "--out", str(out)])   # a weak drafter: drafts get rejected
+    assert r.exit_code == exit_code, r.output
+    summary = [json.loads(x) for x in out.read_text().splitlines() if json.loads(x)["kind"] == "summary"][-1]
+    reached = " ".join(summary["port"]["lineage"]["reached"])
+    assert "DFlashWorker._tree_and_mask" in reached and "DFlashVerifyInput.tree_verify" in reached
+    if variant == "self_compare":
+        assert summary["audit_errors"] > 0 and "accept" in str(summary["first_finding"])
