@@ -41,7 +41,8 @@ def one(path: str, extra: list[str], device: str) -> dict:
         summary = next((json.loads(x) for x in (out.read_text().splitlines() if out.exists() else [])
                         if json.loads(x)["kind"] == "summary"), None)
     row = {"command": "ddcheck run --impl dflash-worker-tree:PATH " + " ".join(BASE + extra + ["--device", device]),
-           "exit": p.returncode, "stderr_last": (p.stderr.strip().splitlines() or [""])[-1].replace(path, "PATH")}
+           "exit": p.returncode,
+           "stderr_last": (p.stderr.strip().splitlines() or [""])[-1].replace(path, "PATH").replace(str(out), "OUT")}
     if summary:
         port = summary.get("port") or {}
         row.update(verdict=summary.get("verdict"), nodes_checked=summary.get("nodes_checked"),
