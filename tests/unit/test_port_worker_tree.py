@@ -217,7 +217,7 @@ def test_the_adapter_example_registers_and_fits(monkeypatch):
     assert audit_mask(0, 0, tree, 3, block, True, mask_encoding(c.mask.data)) == []
 
 
-@pytest.mark.parametrize("variant,exit_code", [(None, 0), ("self_compare", 1), ("raises", 4)])
+@pytest.mark.parametrize("variant,exit_code", [(None, 0), ("self_compare", 1), ("additive_mask", 1), ("raises", 4)])
 def test_a_run_judges_the_workers_code_and_names_what_ran(tmp_path, variant, exit_code):
     import json
     root = write_checkout(tmp_path / "port", *([variant] if variant else []))
@@ -231,3 +231,5 @@ def test_a_run_judges_the_workers_code_and_names_what_ran(tmp_path, variant, exi
     assert "DFlashWorker._tree_and_mask" in reached and "DFlashVerifyInput.tree_verify" in reached
     if variant == "self_compare":
         assert summary["audit_errors"] > 0 and "accept" in str(summary["first_finding"])
+    if variant == "additive_mask":   # handed over raw, read as the kernel reads it: inverted, and named so
+        assert "mask-inverted" in str(summary["first_finding"])
