@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.app import app
@@ -28,9 +29,10 @@ def ports(probe: Optional[Path] = typer.Option(None, "--probe", help="say which 
         if c is None:
             t.add_row(fam.name, "?", "?", "?", "?", "?", "(conventions known once loaded)")
             continue
-        t.add_row(fam.name, ", ".join(c.stages),
-                  "counts the root (q_len = budget)" if c.budget_counts_root else "drafts only (q_len = budget + 1)",
-                  c.topk_rule, c.padding, c.mask, c.summary)
+        t.add_row(*(escape(x) for x in (   # shapes like [q, prefix + q] are text, not rich markup
+            fam.name, ", ".join(c.stages),
+            "counts the root (q_len = budget)" if c.budget_counts_root else "drafts only (q_len = budget + 1)",
+            c.topk_rule, c.padding, c.mask, c.summary)))
     Console(width=max(Console().width, 160)).print(t)
 
 

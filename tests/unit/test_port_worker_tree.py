@@ -233,3 +233,8 @@ def test_a_run_judges_the_workers_code_and_names_what_ran(tmp_path, variant, exi
         assert summary["audit_errors"] > 0 and "accept" in str(summary["first_finding"])
     if variant == "additive_mask":   # handed over raw, read as the kernel reads it: inverted, and named so
         assert "mask-inverted" in str(summary["first_finding"])
+
+
+def test_ports_shows_mask_shapes_as_text():
+    r = CliRunner().invoke(app, ["ports"], env={"COLUMNS": "1000"})
+    assert r.exit_code == 0 and "flat per-request [q, prefix + q] blocks" in r.output, r.output
