@@ -43,5 +43,6 @@ def _load_reason(fam, path: Path) -> str | None:
     try:
         fam.load(path)
     except Exception as e:  # noqa: BLE001  (any failure to load is this family's reason)
-        return f"{type(e).__name__}: {e}".splitlines()[0] if not str(e).startswith(str(path)) else str(e).splitlines()[0]
+        text = str(e) if str(e).startswith(str(path)) else f"{type(e).__name__}: {e}"
+        return (text.splitlines() or [type(e).__name__])[0]
     return None
