@@ -51,6 +51,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
     if summary.first is not None and localize and summary.verdict != "internal-error":
         _localize(p, summary, writer)
+    if p.port:   # the port's entry again: its lineage now names the port code the run reached
+        summary.port = p.port.describe()
     writer.write(summary_record(s, summary))
     return summary
 

@@ -82,6 +82,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
             stubs += f"; not driven, its worker never calls {', '.join(pt['not_driven'].values())}"
         t.add_row("port", escape(f"{pt['impl']}: the port's {', '.join(pt['port_stages'])}; ddcheck's "
                                  f"{', '.join(pt['ddcheck_stages']) or 'nothing else'}{stubs}"))
+        if pt.get("lineage"):   # which of the checkout's worker functions ran, at which commit
+            lin = pt["lineage"]
+            at = f"at {lin['commit'][:12]}" if lin.get("commit") else "(commit unknown: not a git checkout)"
+            t.add_row("port code run", escape(f"{', '.join(lin['files'])} {at}: {', '.join(lin['reached']) or 'nothing'}"))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
                                   + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
     if summary.explanation:

@@ -39,6 +39,7 @@ class PortRun:
                 "ddcheck_stages": [s for s in ("build", "compile", "accept", "commit") if s not in self.stages.stages],
                 "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed),
                 "not_driven": dict(self.not_driven), "worker": self.worker,
+                "lineage": lineage.describe() if (lineage := getattr(self.stages.adapter, "lineage", None)) else None,
                 "conventions": {k: v for k, v in asdict(c).items()}}
 
     def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool,

@@ -48,6 +48,9 @@ class Conventions:
     # position ("prefix": the root's, "zero"); None: not declared
     padding_token: str | None = None
     padding_position: str | None = None
+    # True: the port builds and compiles in one call (a worker method), so its compile runs only on
+    # trees its own build chose; --port-stages compile without build is a usage error
+    compile_needs_build: bool = False
 
     def __post_init__(self) -> None:
         bad = set(self.stages) - set(STAGES)

@@ -12,7 +12,7 @@ from typing import Callable
 from harness.ports.protocol import PortAdapter, PortError
 
 ENTRY_POINT_GROUP = "ddcheck.ports"
-BUILTIN = ("ddtree_utils", "dflash_tree", "dflash2_beam", "dflash_tree_utils", "sglang_eagle")
+BUILTIN = ("ddtree_utils", "dflash_tree", "dflash2_beam", "dflash_tree_utils", "dflash_worker_tree", "sglang_eagle")
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class Family:
     load: Callable[[Path | None], PortAdapter]   # PATH (a file or an SGLang checkout) -> adapter
     needs_path: bool = True
     describe: Callable[[], object] | None = None  # -> Conventions, without loading a port
+    # PATH -> None when the family can drive it, else why not, without running the port's code
+    # (None: `ddcheck ports --probe` tries to load the port instead)
+    fits: Callable[[Path], str | None] | None = None
 
 
 def families() -> dict[str, Family]:

@@ -60,6 +60,9 @@ class PortStages:
         if missing:
             raise PortError(f"{self.adapter.conventions.family} provides no {', '.join(missing)} stage "
                             f"(it provides {', '.join(self.adapter.conventions.stages)})")
+        if self.adapter.conventions.compile_needs_build and "compile" in self.stages and "build" not in self.stages:
+            raise PortError(f"{self.adapter.conventions.family} builds and compiles in one worker call: its compile "
+                            "runs only on the trees its own build chose (add build to --port-stages)")
 
     # -- build ---------------------------------------------------------------------
     def build_tree(self, root: int, draft_logprobs: torch.Tensor, budget: int, topk: int) -> DraftTree:
