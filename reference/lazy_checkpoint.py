@@ -14,6 +14,7 @@ whole-model oracle does.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,16 @@ class LazyCheckpoint:
         self.entries = tensor_entries(self.directory)
         self.config: ModelConfig = with_tensors(base, {n: e.shape for n, e in self.entries.items()}, self.directory)
         self.names = set(weight_names(self.config))   # the tensors the forward pass uses
+        # each file opened once, for the oracle's life: a temporary directory (a preset written out for the
+        # run) may go once both sides have read the headers, and an open file stays readable
+        self.files = {path: path.open("rb") for path in sorted({e.file for e in self.entries.values()})}
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+    def __del__(self) -> None:
+        self.close()
 
     def _entry(self, name: str) -> TensorEntry:
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
@@ -150,9 +161,7 @@ class LazyCheckpoint:
     def _bytes(self, entry: TensorEntry, begin: int, end: int) -> Tensor:
         """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before widening."""
         raw = bytearray(end - begin)   # read straight into a writable buffer: one copy of the bytes
-        with entry.file.open("rb") as f:
-            f.seek(begin)
-            if f.readinto(raw) != end - begin:
-                raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
+        if os.preadv(self.files[entry.file].fileno(), [raw], begin) != end - begin:   # positional: no shared seek
+            raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
         flat = torch.frombuffer(raw, dtype=entry.dtype) if raw else torch.empty(0, dtype=entry.dtype)
         return flat.to(self.device)
