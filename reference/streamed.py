@@ -30,9 +30,10 @@ from reference.checkpoint import CheckpointRefused
 from reference.lazy_checkpoint import LazyCheckpoint
 from reference.model import DTYPE, DenseLlama, ForwardResult, rounding_to
 from reference.oracle import DenseOracle, ancestry, leaves, validate_tree
-from reference.prefix_cache import PrefixCache
+from reference.prefix_cache import CausalPrefix, PrefixCache
 
 VOCAB_ROWS = 32768   # output-projection rows held at once (a [32768, 8192] float64 slice: 2 GiB)
+FOLD_MAX = 64        # a prefix's uncached tail up to this many tokens rides in front of every leaf path
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,13 @@ class PendingPath:
 
     tokens: tuple[int, ...]
     past: tuple[list[Tensor], list[Tensor]] | None = None
+    judged_from: int = 0   # rows before this one get no logits (their K/V are still returned)
 
     def __post_init__(self) -> None:
         if len(self.tokens) == 0:
             raise ValueError("a streamed sequence needs at least one token")
+        if not 0 <= self.judged_from < len(self.tokens):
+            raise ValueError(f"judged_from {self.judged_from} must lie in [0, {len(self.tokens)})")
 
 
 class InMemorySource:
@@ -93,15 +97,18 @@ class StreamedLlama:
         hold each layer's LAST position only ([1, hidden]: what path_hidden reads)."""
         part = self.part
         seg = part.segment(token_ids, positions, visible, past)
-        return self._run([seg], [past], last_logits_only, keep_hiddens=True)[0]
+        return self._run([seg], [past], [0], last_logits_only, keep_hiddens=True)[0]
 
     def forward_many(self, sequences: Sequence[PendingPath], last_logits_only: bool = False) -> list[ForwardResult]:
         """One causal forward per sequence (each over its own past), all
-        through each layer together; hiddens are not kept (empty lists)."""
+        through each layer together; hiddens are not kept (empty lists), and
+        each sequence's logits start at its `judged_from` row ([T - judged_from, V])."""
         segs = [self.part.segment(list(q.tokens), past=q.past) for q in sequences]
-        return self._run(segs, [q.past for q in sequences], last_logits_only, keep_hiddens=False)
+        return self._run(segs, [q.past for q in sequences], [q.judged_from for q in sequences], last_logits_only,
+                         keep_hiddens=False)
 
-    def _run(self, segs: list, pasts: list, last_only: bool, keep_hiddens: bool) -> list[ForwardResult]:
+    def _run(self, segs: list, pasts: list, judged_from: list[int], last_only: bool,
+             keep_hiddens: bool) -> list[ForwardResult]:
         part, src, c = self.part, self.source, self.config
         ends = torch.tensor([s.length for s in segs]).cumsum(0)  # [S] each segment's end row
         h = part.embed(src.gather_rows("model.embed_tokens.weight", torch.cat([s.ids for s in segs])))  # [N, hidden]
@@ -117,9 +124,12 @@ class StreamedLlama:
                 if keep_hiddens:
                     hiddens[i].append(h[e - 1:e])
         part.hold({})
-        rows = h[(ends - 1).to(h.device)] if last_only else h   # [S or N, hidden]
-        logits = self._head(rows)   # [S or N, V]
-        per_seg = logits.split(1) if last_only else logits.split([s.length for s in segs])
+        if last_only:
+            rows, counts = h[(ends - 1).to(h.device)], [1] * len(segs)   # [S, hidden]
+        else:
+            spans = [(int(e) - s.length + j, int(e)) for s, e, j in zip(segs, ends.tolist(), judged_from)]
+            rows, counts = torch.cat([h[a:b] for a, b in spans]), [b - a for a, b in spans]   # [judged rows, hidden]
+        per_seg = self._head(rows).split(counts)   # each [judged rows of it, V]
         return [ForwardResult(lg, hiddens[i], ks[i], vs[i]) for i, lg in enumerate(per_seg)]
 
     def _head(self, h: Tensor) -> Tensor:
@@ -168,16 +178,26 @@ class StreamedOracle(DenseOracle):
 
     def _judge(self, model: StreamedLlama, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
                parents: Sequence[int]) -> Tensor:
-        """Every leaf's root path over the prefix's cached K/V, all leaves
-        through each layer together: [n, V] float64 on CPU (node i's row at its
-        position in the first leaf's path below it)."""
+        """Every leaf's root path over the prefix's K/V, all leaves through
+        each layer together, in ONE pass over the weights: the tokens the
+        prefix gained since the cached one (the last step's commits, at most
+        FOLD_MAX) run in front of every leaf path and are judged by none, and
+        the first path's K/V of them extend the cache. [n, V] float64 on CPU
+        (node i's row at its position in the first leaf's path below it)."""
         validate_tree(tokens, parents)
         if len(prefix) == 0:
             raise ValueError("tree_logits needs a non-empty prefix")
-        cached = prefixes.get(model, prefix)
+        base = prefixes.longest(prefix)
+        more = tuple(int(t) for t in prefix[len(base.tokens):])
+        if not base.tokens or len(more) > FOLD_MAX:   # a new prompt: its own pass, once
+            base, more = prefixes.get(model, prefix), ()
         chains = [ancestry(parents, leaf) for leaf in leaves(parents)]   # root .. leaf
-        results = model.forward_many([PendingPath(tuple(int(tokens[i]) for i in chain), cached.past)
+        results = model.forward_many([PendingPath(more + tuple(int(tokens[i]) for i in chain), base.past, len(more))
                                       for chain in chains])
+        if more:   # the first path's K/V [len(more), kv_heads, d] of the gained tokens, per layer
+            ks = tuple(torch.cat([a, k[:len(more)]]) for a, k in zip(base.ks, results[0].ks))
+            vs = tuple(torch.cat([a, v[:len(more)]]) for a, v in zip(base.vs, results[0].vs))
+            prefixes.put(CausalPrefix(base.tokens + more, ks, vs))
         rows: list[Tensor | None] = [None] * len(tokens)
         for chain, result in zip(chains, results):
             for position, node in enumerate(chain):

@@ -35,7 +35,7 @@ def test_streamed_equals_dense_on_preset(preset):
     with checkpoint_dir(preset, 0) as d:
         dense, streamed = both(d)
         assert streamed.config == dense.config
-        for step in range(2):   # the second step extends the first's cached prefix
+        for step in range(3):   # later steps extend the cached prefix (in the leaves' pass, for the streamed one)
             prefix = PREFIX + [int(t) for t in range(step * 3)]
             a, b = streamed.tree_logits(prefix, TOKENS, PARENTS), dense.tree_logits(prefix, TOKENS, PARENTS)
             assert a.shape == b.shape == (len(TOKENS), dense.config.vocab_size)
@@ -78,8 +78,9 @@ def test_streamed_reads_a_sharded_checkpoint(tmp_path):
 
 
 def test_each_layer_read_once_per_step_and_held_alone():
-    """A step's leaf paths go through each layer together: every layer's
-    weights are read once per tree_logits call, and only that layer is held."""
+    """A step's leaf paths, and the tokens its prefix gained since the last
+    step, go through each layer together: every layer's weights are read once
+    per tree_logits call, and only that layer is held."""
     with checkpoint_dir("small", 0) as d:
         streamed = StreamedOracle.from_checkpoint(d)
         streamed.tree_logits(PREFIX, TOKENS, PARENTS)   # the prefix's K/V, cached
@@ -90,7 +91,7 @@ def test_each_layer_read_once_per_step_and_held_alone():
             reads.append((layer, held))
             return layer_of(layer)
         streamed.source.layer = read_layer
-        streamed.tree_logits(PREFIX, TOKENS, PARENTS)
+        streamed.tree_logits(PREFIX + [4, 2], TOKENS, PARENTS)   # the last step's commits ride with the leaves
         layers = streamed.config.num_layers
         assert [r[0] for r in reads] == list(range(layers))
         assert all(len(held) <= 1 for _, held in reads)
