@@ -14,7 +14,6 @@ whole-model oracle does.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +160,9 @@ class LazyCheckpoint:
     def _bytes(self, entry: TensorEntry, begin: int, end: int) -> Tensor:
         """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before widening."""
         raw = bytearray(end - begin)   # read straight into a writable buffer: one copy of the bytes
-        if os.preadv(self.files[entry.file].fileno(), [raw], begin) != end - begin:   # positional: no shared seek
+        f = self.files[entry.file]
+        f.seek(begin)
+        if f.readinto(raw) != end - begin:
             raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
         flat = torch.frombuffer(raw, dtype=entry.dtype) if raw else torch.empty(0, dtype=entry.dtype)
         return flat.to(self.device)
