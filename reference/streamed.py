@@ -115,7 +115,8 @@ class StreamedLlama:
         hiddens = [[h[e - 1:e]] for e in ends.tolist()] if keep_hiddens else [[] for _ in segs]
         ks, vs = [[] for _ in segs], [[] for _ in segs]
         for layer in range(c.num_layers):
-            part.hold(src.layer(layer))   # this layer's float64 weights, the previous one's let go
+            part.hold({})   # the previous layer let go before this one is read: never two held
+            part.hold(src.layer(layer))   # this layer's float64 weights
             layer_pasts = [None if p is None else (p[0][layer], p[1][layer]) for p in pasts]
             h, k, v = part.decoder_layer(layer, h, segs, layer_pasts)
             for i, e in enumerate(ends.tolist()):
@@ -139,6 +140,7 @@ class StreamedLlama:
         normed = part.final_norm(h)  # [T, hidden]
         out = []
         for start in range(0, vocab, VOCAB_ROWS):
+            part.hold({})
             part.hold({"lm_head.weight": src.rows("lm_head.weight", start, min(vocab, start + VOCAB_ROWS))})
             out.append(part.unembed(normed))   # [T, rows]
         part.hold({})
