@@ -109,9 +109,10 @@ class LazyCheckpoint:
         # each file opened once, for the oracle's life: a temporary directory (a preset written out for the
         # run) may go once both sides have read the headers, and an open file stays readable
         self.files = {path: path.open("rb") for path in sorted({e.file for e in self.entries.values()})}
+        self.staging = bytearray(0)   # the bytes of the last read (one tensor's at most)
 
     def close(self) -> None:
-        for f in self.files.values():
+        for f in getattr(self, "files", {}).values():   # (a refused checkpoint opened none)
             f.close()
 
     def __del__(self) -> None:
@@ -132,18 +133,20 @@ class LazyCheckpoint:
         return sum(8 * (self._entry(n).end - self._entry(n).begin) // self._entry(n).dtype.itemsize
                    for n in weight_names(self.config))
 
-    def read(self, name: str) -> Tensor:
-        """The tensor under a Hugging Face name, float64 on the device (lm_head.weight is the embedding when tied)."""
+    def read(self, name: str, out: Tensor | None = None) -> Tensor:
+        """The tensor under a Hugging Face name, float64 on the device (lm_head.weight is the embedding when tied);
+        written into `out` when it has the tensor's shape (a buffer reused: no fresh memory to fault in)."""
         entry = self._entry(name)
-        return self._bytes(entry, entry.begin, entry.end).reshape(entry.shape).to(torch.float64)
+        return self._widened(self._bytes(entry, entry.begin, entry.end), entry.shape, out)
 
-    def rows(self, name: str, start: int, stop: int) -> Tensor:
-        """Rows start..stop-1 of a tensor's first dimension [stop - start, ...], float64 on the device."""
+    def rows(self, name: str, start: int, stop: int, out: Tensor | None = None) -> Tensor:
+        """Rows start..stop-1 of a tensor's first dimension [stop - start, ...], float64 on the device
+        (into `out` when it has that shape)."""
         entry = self._entry(name)
         if not 0 <= start <= stop <= entry.shape[0]:
             raise ValueError(f"rows {start}..{stop} outside {name}'s {entry.shape[0]}")
         flat = self._bytes(entry, entry.begin + start * entry.row_bytes, entry.begin + stop * entry.row_bytes)
-        return flat.reshape((stop - start, *entry.shape[1:])).to(torch.float64)
+        return self._widened(flat, (stop - start, *entry.shape[1:]), out)
 
     def gather_rows(self, name: str, ids: Tensor) -> Tensor:
         """Rows ids [T] of a tensor -> [T, ...] float64 on the device, each distinct row read once."""
@@ -152,17 +155,36 @@ class LazyCheckpoint:
         where = torch.tensor([wanted.index(int(i)) for i in ids.tolist()], device=table.device)  # [T]
         return table[where]
 
-    def layer(self, layer: int) -> dict[str, Tensor]:
-        """Every tensor of decoder layer `layer`, float64 on the device."""
-        prefix = f"model.layers.{layer}."
-        return {n: self.read(n) for n in weight_names(self.config) if n.startswith(prefix)}
+    def layer(self, layer: int, buffers: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Every tensor of decoder layer `layer`, float64 on the device. buffers: float64 tensors by
+        the name after `model.layers.N.`, reused for (and updated with) this layer's: every layer
+        of a model has the same shapes, so a model streamed layer by layer allocates one layer once."""
+        prefix, buffers = f"model.layers.{layer}.", {} if buffers is None else buffers
+        out = {}
+        for n in weight_names(self.config):
+            if n.startswith(prefix):
+                key = n[len(prefix):]
+                out[n] = buffers[key] = self.read(n, buffers.get(key))
+        return out
+
+    def _widened(self, flat: Tensor, shape: tuple[int, ...], out: Tensor | None) -> Tensor:
+        """flat [numel] (the staging bytes, or their copy on the device) as a NEW float64 tensor [shape]
+        on the device, or written into `out`: never a view of the staging buffer, which the next read reuses."""
+        if out is None or tuple(out.shape) != tuple(shape) or out.dtype != torch.float64 or out.device != self.device:
+            out = torch.empty(shape, dtype=torch.float64, device=self.device)
+        return out.copy_(flat.view(shape))
 
     def _bytes(self, entry: TensorEntry, begin: int, end: int) -> Tensor:
-        """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before widening."""
-        raw = bytearray(end - begin)   # read straight into a writable buffer: one copy of the bytes
+        """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before
+        widening. On the CPU it is a view of the staging buffer (reused by the next read: widen it first)."""
+        n = end - begin
+        if n == 0:
+            return torch.empty(0, dtype=entry.dtype, device=self.device)
+        if len(self.staging) < n:
+            self.staging = bytearray(n)   # grown to the largest read so far, kept: no fresh memory per read
+        raw = memoryview(self.staging)[:n]
         f = self.files[entry.file]
         f.seek(begin)
-        if f.readinto(raw) != end - begin:
+        if f.readinto(raw) != n:
             raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
-        flat = torch.frombuffer(raw, dtype=entry.dtype) if raw else torch.empty(0, dtype=entry.dtype)
-        return flat.to(self.device)
+        return torch.frombuffer(raw, dtype=entry.dtype).to(self.device)

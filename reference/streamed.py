@@ -66,13 +66,13 @@ class InMemorySource:
     def read(self, name: str) -> Tensor:
         return self.w[name]
 
-    def rows(self, name: str, start: int, stop: int) -> Tensor:
+    def rows(self, name: str, start: int, stop: int, out: Tensor | None = None) -> Tensor:
         return self.w[name][start:stop]
 
     def gather_rows(self, name: str, ids: Tensor) -> Tensor:
         return self.w[name][ids.to(self.device)]
 
-    def layer(self, layer: int) -> dict[str, Tensor]:
+    def layer(self, layer: int, buffers: dict | None = None) -> dict[str, Tensor]:
         prefix = f"model.layers.{layer}."
         return {n: t for n, t in self.w.items() if n.startswith(prefix)}
 
@@ -83,10 +83,12 @@ class StreamedLlama:
     def __init__(self, config: ModelConfig, source, device: str = "cpu") -> None:
         self.config, self.source = config, source
         self.part = DenseLlama.over_part(config, device)
+        self.buffers: dict[str, Tensor] = {}   # one layer's float64 tensors, refilled layer after layer
 
     def rounded(self, dtype: torch.dtype, probabilities: bool = False) -> "StreamedLlama":
         """The same model storing every tensor in `dtype` (DenseLlama.rounded's meaning), streamed too."""
         other = StreamedLlama(self.config, self.source, str(self.part.device))
+        other.buffers = self.buffers   # the two never run at once: one layer's buffers serve both
         other.part.store = rounding_to(dtype)
         other.part.probs_store = other.part.store if probabilities else None
         return other
@@ -116,7 +118,7 @@ class StreamedLlama:
         ks, vs = [[] for _ in segs], [[] for _ in segs]
         for layer in range(c.num_layers):
             part.hold({})   # the previous layer let go before this one is read: never two held
-            part.hold(src.layer(layer))   # this layer's float64 weights
+            part.hold(src.layer(layer, self.buffers))   # this layer's float64 weights, in the last one's memory
             layer_pasts = [None if p is None else (p[0][layer], p[1][layer]) for p in pasts]
             h, k, v = part.decoder_layer(layer, h, segs, layer_pasts)
             for i, e in enumerate(ends.tolist()):
@@ -141,7 +143,9 @@ class StreamedLlama:
         out = []
         for start in range(0, vocab, VOCAB_ROWS):
             part.hold({})
-            part.hold({"lm_head.weight": src.rows("lm_head.weight", start, min(vocab, start + VOCAB_ROWS))})
+            rows = src.rows("lm_head.weight", start, min(vocab, start + VOCAB_ROWS), self.buffers.get("lm_head"))
+            self.buffers["lm_head"] = rows
+            part.hold({"lm_head.weight": rows})
             out.append(part.unembed(normed))   # [T, rows]
         part.hold({})
         return torch.cat(out, dim=1)   # [T, V]

@@ -84,17 +84,20 @@ def test_each_layer_read_once_per_step_and_held_alone():
     with checkpoint_dir("small", 0) as d:
         streamed = StreamedOracle.from_checkpoint(d)
         streamed.tree_logits(PREFIX, TOKENS, PARENTS)   # the prefix's K/V, cached
-        reads, layer_of = [], streamed.source.layer
+        reads, storages, layer_of = [], set(), streamed.source.layer
 
-        def read_layer(layer):
+        def read_layer(layer, buffers=None):
             held = {n.split(".")[2] for n in streamed.model.part.w if n.startswith("model.layers.")}
             reads.append((layer, held))
-            return layer_of(layer)
+            weights = layer_of(layer, buffers)
+            storages.add(weights[f"model.layers.{layer}.mlp.up_proj.weight"].data_ptr())
+            return weights
         streamed.source.layer = read_layer
         streamed.tree_logits(PREFIX + [4, 2], TOKENS, PARENTS)   # the last step's commits ride with the leaves
         layers = streamed.config.num_layers
         assert [r[0] for r in reads] == list(range(layers))
         assert all(held == set() for _, held in reads)   # the last layer let go before the next is read
+        assert len(storages) == 1   # every layer read into the same float64 memory
         names = set(weight_names(streamed.config))
         assert all(n in names for n in streamed.model.part.w)
 
