@@ -69,7 +69,7 @@ def run_oracle(oracle: str, a, ckpt: Path, work: Path) -> dict:
     records, figures = work / f"{oracle}.jsonl", work / f"{oracle}.json"
     args = ["run", "--model", str(ckpt), "--device", a.device, "--oracle", oracle, "--oracle-device", a.device,
             "--dtype", "bfloat16", "--budget", str(a.budget), "--topk", str(a.topk), "--no-cuda-graph",
-            "--max-new-tokens", str(a.steps), "--stop-after", "0", "--out", str(records)]
+            "--max-new-tokens", str(a.steps), "--drafter", "noisy", "--stop-after", "0", "--out", str(records)]
     if a.backend:
         args += ["--backend", a.backend]
     subprocess.run([sys.executable, __file__, "--child", str(figures), "--", *args], check=False, cwd=ROOT)
@@ -88,7 +88,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), required=True)
     ap.add_argument("--layers", type=int, required=True, help="decoder layers of the 70B shape kept")
-    ap.add_argument("--steps", type=int, default=4, help="--max-new-tokens of each run (at most this many steps)")
+    ap.add_argument("--steps", type=int, default=4, help="--max-new-tokens of each run (the seeded stand-in drafter: "
+                    "about one token a step on random weights)")
     ap.add_argument("--vocab", type=int, default=128256, help="vocabulary rows kept (the full 128256 by default)")
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--topk", type=int, default=1)
