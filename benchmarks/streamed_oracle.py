@@ -97,7 +97,8 @@ def main() -> None:
     ap.add_argument("--oracles", default="dense,streamed", help="comma list of dense, streamed")
     ap.add_argument("--checkpoint", type=Path, default=None, help="reuse or write the checkpoint here")
     ap.add_argument("--tag", default="", help="suffix of the results file")
-    ap.add_argument("--shape", default="llama-3.1-70b", help="benchmarks/random_checkpoint.py's shape (check: a smoke test)")
+    ap.add_argument("--shape", default="llama-3.1-70b",
+                    help="benchmarks/random_checkpoint.py's shape (check: a smoke test)")
     a = ap.parse_args()
     if a.layers < 1 or a.steps < 1 or not 2 <= a.vocab <= 128256:
         ap.error("--layers and --steps must be >= 1, --vocab in [2, 128256]")

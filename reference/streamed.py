@@ -61,7 +61,7 @@ class InMemorySource:
         self.w = {n: t.detach().to(device=self.device, dtype=DTYPE) for n, t in weights.items()}
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
-        DenseLlama(config, self.w, device, owned=True)   # raises KeyError for a missing tensor, as the dense oracle does
+        DenseLlama(config, self.w, device, owned=True)   # a missing tensor: KeyError, as the dense oracle raises
 
     def read(self, name: str) -> Tensor:
         return self.w[name]
