@@ -111,3 +111,11 @@ def test_lazy_reads_rows_of_the_embedding():
         assert torch.equal(lazy.rows("lm_head.weight", 3, 9), dense.weight("lm_head.weight")[3:9])
         with pytest.raises(KeyError):
             lazy.read("model.layers.9.mlp.up_proj.weight")
+
+
+def test_multi_head_latent_attention_is_left_to_the_dense_oracle(tmp_path):
+    from benchmarks.deepseek_checkpoint import write
+    d = write("tiny-deepseek-v3", tmp_path, dtype=torch.float64)
+    with pytest.raises(CheckpointRefused, match="--oracle dense"):
+        StreamedOracle.from_checkpoint(d)
+    assert DenseOracle.from_checkpoint(d).config.mla is not None
