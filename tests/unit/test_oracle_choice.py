@@ -33,6 +33,11 @@ def test_auto_streams_on_the_gpu_before_the_dense_oracle_on_the_host():
     assert (plan.name, plan.device) == ("streamed", "cpu")
 
 
+def test_auto_never_streams_what_the_streamed_oracle_cannot_run():
+    plan = plan_oracle("auto", ["cuda:0", "cpu"], NEEDS, {"cuda:0": 100 * GIB, "cpu": 20 * GIB}, streamable=False)
+    assert (plan.name, plan.device) == ("dense", "cpu")
+
+
 def test_nothing_fits_falls_back_to_the_last_device():
     assert plan_oracle("auto", ["cuda:0", "cpu"], NEEDS, {"cuda:0": 0, "cpu": 0}) == OraclePlan(
         "streamed", "cpu", plan_oracle("auto", ["cuda:0", "cpu"], NEEDS, {"cuda:0": 0, "cpu": 0}).reason)
