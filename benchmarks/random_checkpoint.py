@@ -25,6 +25,11 @@ SHAPES = {
                          rope_theta=500000.0, max_position_embeddings=131072,
                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "llama-3.1-70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                          num_key_value_heads=8, head_dim=128, vocab_size=128256, tie_word_embeddings=False,
+                          rope_theta=500000.0, max_position_embeddings=131072,
+                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
     # for checking the scripts on a CPU
     "check": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=256, tie_word_embeddings=False,
@@ -48,10 +53,12 @@ def tensor_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write(shape: str, out: Path, device: str, seed: int = 0, shard_bytes: int = 2 << 30) -> Path:
+def write(shape: str, out: Path, device: str, seed: int = 0, shard_bytes: int = 2 << 30,
+          cut: dict | None = None) -> Path:
+    """cut: config.json fields that override the shape's (num_hidden_layers, vocab_size: a model cut to fit)."""
     from safetensors.torch import save_file
     c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
-         "torch_dtype": "bfloat16", **SHAPES[shape]}
+         "torch_dtype": "bfloat16", **SHAPES[shape], **(cut or {})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(c, indent=1))
     gen = torch.Generator(device=device).manual_seed(seed)

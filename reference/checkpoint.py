@@ -40,25 +40,27 @@ SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.f
                       "BF16": torch.bfloat16}
 
 
+def read_header(f, path: Path) -> tuple[int, dict]:
+    """(byte offset of the tensors' data, the JSON header without __metadata__) of an open .safetensors file."""
+    size = path.stat().st_size
+    head = f.read(8)
+    if len(head) < 8:
+        raise CheckpointRefused(f"{path.name}: too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", head)
+    if 8 + header_len > size:
+        raise CheckpointRefused(f"{path.name}: header runs past the end of the file")
+    header = json.loads(f.read(header_len).decode("utf-8"))
+    return 8 + header_len, {name: entry for name, entry in header.items() if name != "__metadata__"}
+
+
 def read_safetensors(path: Path, device: str = "cpu") -> dict[str, Tensor]:
     """Every tensor of one .safetensors file, as float64 on `device`. Reads one
     tensor's bytes at a time and moves it before widening it, so neither the
     file nor its float64 copy is ever held whole in host memory."""
     path = Path(path)
     with path.open("rb") as f:
-        size = path.stat().st_size
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointRefused(f"{path.name}: too short for a safetensors file")
-        (header_len,) = struct.unpack("<Q", head)
-        if 8 + header_len > size:
-            raise CheckpointRefused(f"{path.name}: header runs past the end of the file")
-        header = json.loads(f.read(header_len).decode("utf-8"))
-        out = {}
-        for name, entry in header.items():
-            if name != "__metadata__":
-                out[name] = _read_tensor(f, 8 + header_len, name, entry, path.name, device)
-    return out
+        body, header = read_header(f, path)
+        return {name: _read_tensor(f, body, name, entry, path.name, device) for name, entry in header.items()}
 
 
 def _read_tensor(f, body: int, name: str, entry: dict, file_name: str, device: str = "cpu") -> Tensor:
@@ -194,27 +196,41 @@ OWN_READERS = {
 }
 
 
-def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, Tensor]]:
-    """(config, float64 tensors on `device` under Hugging Face names) of a
-    checkpoint directory: config.json plus every *.safetensors file in it."""
+def read_checkpoint_config(directory: Path) -> ModelConfig:
+    """The directory's config.json as the oracle reads it (CheckpointRefused when absent or refused)."""
     directory = Path(directory)
     if not (directory / "config.json").is_file():
         raise CheckpointRefused(f"{directory}: no config.json")
     try:
-        cfg = read_config(json.loads((directory / "config.json").read_text()))
+        return read_config(json.loads((directory / "config.json").read_text()))
     except ValueError as e:
         raise CheckpointRefused(f"{directory}: {e}") from None
+
+
+def with_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], directory: Path) -> ModelConfig:
+    """cfg completed by what only the tensors say (attention sinks are tensors
+    in gpt-oss's checkpoints, never a config key: their presence sets them);
+    CheckpointRefused when a tensor the forward pass uses is absent, or not of
+    the shape the config implies. shapes: every tensor's shape by name."""
+    if any(n.endswith(".self_attn.sinks") for n in shapes):
+        cfg = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "attn_sinks": True})
+    missing = [n for n in weight_names(cfg) if n not in shapes]
+    if missing:
+        raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
+    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if tuple(shapes[n]) != s]
+    if wrong:
+        raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(shapes[wrong[0][0]])}, "
+                                f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")
+    return cfg
+
+
+def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, Tensor]]:
+    """(config, float64 tensors on `device` under Hugging Face names) of a
+    checkpoint directory: config.json plus every *.safetensors file in it."""
+    directory = Path(directory)
+    cfg = read_checkpoint_config(directory)
     weights: dict[str, Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
         weights.update(read_safetensors(f, device))
-    # attention sinks are tensors in gpt-oss's checkpoints, never a config key: their presence sets them
-    if any(n.endswith(".self_attn.sinks") for n in weights):
-        cfg = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "attn_sinks": True})
-    missing = [n for n in weight_names(cfg) if n not in weights]
-    if missing:
-        raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
-    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if tuple(weights[n].shape) != s]
-    if wrong:
-        raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(weights[wrong[0][0]].shape)}, "
-                                f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")
+    cfg = with_tensors(cfg, {n: tuple(t.shape) for n, t in weights.items()}, directory)
     return cfg, {n: weights[n] for n in weight_names(cfg)}

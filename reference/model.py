@@ -146,6 +146,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, sinks: Tensor | 
     return (out / denom[..., None]).transpose(0, 1)  # [T, heads, d]
 
 
+class Segment(NamedTuple):
+    """One sequence's frame through the decoder layers (DenseLlama.segment)."""
+
+    ids: Tensor        # [T] token ids (CPU)
+    length: int        # T
+    mask: Tensor       # [T, P+T] bool, on the model's device: what each row sees (its past first)
+    windowed: Tensor | None   # [T, P+T] bool: mask within the sliding window (None without one)
+    rope: list         # per layer (cos, sin) [T, d] (DenseLlama._rope_tables)
+
+
 class DenseLlama:
     """Dense float64 Llama / Qwen2 / Qwen3 decoder, without a KV cache.
 
@@ -169,6 +179,22 @@ class DenseLlama:
         self.w = {name: take(weights[name].detach()) for name in weight_names(config)}
         if config.tie_word_embeddings:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
+
+    @classmethod
+    def over_part(cls, config: ModelConfig, device: str = "cpu") -> "DenseLlama":
+        """The model's math holding no weights yet: its caller puts in `w`
+        (with `hold`) the float64 tensors on `device` that the next call reads
+        (one layer's, the final norm's, a slice of the output projection's
+        rows), as the layer-streamed oracle does (reference/streamed.py)."""
+        part = object.__new__(cls)
+        part.config, part.device, part.w, part.stored_w = config, torch.device(device), {}, {}
+        part.store, part.probs_store = exact, None
+        return part
+
+    def hold(self, weights: dict[str, Tensor]) -> None:
+        """Compute with these float64 tensors from now on (a part's weights; any rounded copies dropped)."""
+        self.w = weights
+        self.stored_w = {}
 
     def rounded(self, dtype: torch.dtype, probabilities: bool = False) -> "DenseLlama":
         """This model (its float64 weights shared, not copied) storing every
@@ -215,23 +241,42 @@ class DenseLlama:
 
         Returns (output [T, hidden], k [T, kv_heads, d] after RoPE, v [T, kv_heads, d]).
         """
+        out, ks, vs = self._attention_rows(layer, x, cos, sin, [visible], [past])
+        return out, ks[0], vs[0]
+
+    def _attention_rows(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visibles: list[Tensor],
+                        pasts: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """One layer's attention over several independent sequences' rows one
+        after another: x [N, hidden] normed, cos/sin [N, d], per sequence its
+        visible [T, P+T] and past K, V [P, kv_heads, d] (or None). The
+        projections and RoPE run on all N rows at once, attention per sequence.
+
+        Returns (output [N, hidden], per sequence k [T, kv_heads, d] after RoPE, v [T, kv_heads, d]).
+        """
         c, p = self.config, f"model.layers.{layer}.self_attn."
-        t = x.shape[0]
+        n = x.shape[0]
         b = c.qkv_bias
-        q = self._linear(x, p + "q_proj", b).view(t, c.num_heads, c.head_dim)  # [T, H, d]
-        k = self._linear(x, p + "k_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
-        v = self._linear(x, p + "v_proj", b).view(t, c.num_kv_heads, c.head_dim)  # [T, KV, d]
+        q = self._linear(x, p + "q_proj", b).view(n, c.num_heads, c.head_dim)  # [N, H, d]
+        k = self._linear(x, p + "k_proj", b).view(n, c.num_kv_heads, c.head_dim)  # [N, KV, d]
+        v = self._linear(x, p + "v_proj", b).view(n, c.num_kv_heads, c.head_dim)  # [N, KV, d]
         if c.qk_norm:
             q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
         q, k = self.store(apply_rope(q, cos, sin)), self.store(apply_rope(k, cos, sin))
         if c.query_pre_attn_scalar is not None:   # attention divides by sqrt(d): scores / sqrt(scalar) instead
             q = q * math.sqrt(c.head_dim / c.query_pre_attn_scalar)
-        k_all = k if past is None else torch.cat([past[0], k])  # [P+T, KV, d]
-        v_all = v if past is None else torch.cat([past[1], v])  # [P+T, KV, d]
         sinks = self.w[p + "sinks"] if c.attn_sinks else None  # [H]
-        out = self.store(attention(q, k_all, v_all, visible, sinks, c.attn_logit_softcap, self.probs_store))
-        out = out.reshape(t, c.num_heads * c.head_dim)
-        return self._linear(out, p + "o_proj", c.o_bias), k, v
+        outs, ks, vs, start = [], [], [], 0
+        for visible, past in zip(visibles, pasts):
+            rows = slice(start, start + visible.shape[0])
+            k_all = k[rows] if past is None else torch.cat([past[0], k[rows]])  # [P+T, KV, d]
+            v_all = v[rows] if past is None else torch.cat([past[1], v[rows]])  # [P+T, KV, d]
+            outs.append(self.store(attention(q[rows], k_all, v_all, visible, sinks, c.attn_logit_softcap,
+                                             self.probs_store)))   # [T, H, d]
+            ks.append(k[rows])
+            vs.append(v[rows])
+            start = rows.stop
+        out = torch.cat(outs).reshape(n, c.num_heads * c.head_dim)  # [N, H * d]
+        return self._linear(out, p + "o_proj", c.o_bias), ks, vs
 
     def _mlp(self, layer: int, x: Tensor) -> Tensor:
         """down(act(gate(x)) * up(x)), x [T, hidden] -> [T, hidden]; act SiLU (SwiGLU) or GELU-tanh (Gemma)."""
@@ -256,6 +301,19 @@ class DenseLlama:
         ks, vs hold only theirs. (Causal attention makes this equal to the
         forward over all P + T tokens: the past's keys never see these.)
         """
+        seg = self.segment(token_ids, positions, visible, past)
+        h = self.embed(self.w["model.embed_tokens.weight"][seg.ids.to(self.device)])  # [T, hidden]
+        hiddens, ks, vs = [h], [], []
+        for layer in range(self.config.num_layers):
+            h, k, v = self.decoder_layer(layer, h, [seg], [None if past is None else (past[0][layer], past[1][layer])])
+            hiddens.append(h)
+            ks += k
+            vs += v
+        return ForwardResult(self.head(h[-1:] if last_logits_only else h), hiddens, ks, vs)
+
+    def segment(self, token_ids: list[int], positions: list[int] | None = None, visible: Tensor | None = None,
+                past: tuple[list[Tensor], list[Tensor]] | None = None) -> "Segment":
+        """One sequence's frame for `decoder_layer` (forward's arguments, checked)."""
         c = self.config
         t = len(token_ids)
         if t == 0:
@@ -279,33 +337,52 @@ class DenseLlama:
         windowed = None
         if c.sliding_window is not None:
             windowed = mask & window_visibility(pos, key_pos, c.sliding_window).to(self.device)  # [T, P+T]
-        rope = self._rope_tables(pos)   # per layer (cos, sin)
+        return Segment(ids, t, mask, windowed, self._rope_tables(pos))
 
-        h = self.store(self.w["model.embed_tokens.weight"][ids.to(self.device)])  # [T, hidden], rows as stored
-        if c.embed_scale != 1.0:   # Gemma: the stored rows times sqrt(hidden), stored again
-            h = self.store(h * c.embed_scale)
-        hiddens, ks, vs = [h], [], []
-        for layer in range(c.num_layers):
-            pre = f"model.layers.{layer}."
-            cos, sin = rope[layer]
-            attn_out, k, v = self._attention_block(
-                layer, self._norm(h, pre + "input_layernorm.weight"),
-                cos, sin, mask if c.window_of(layer) is None else windowed, None if past is None else (past[0][layer], past[1][layer]))
-            if c.sandwich_norms:   # Gemma: the attention's output and the MLP's are normed before their adds
-                h = self.store(h + self._norm(attn_out, pre + "post_attention_layernorm.weight"))
-                mlp_out = self._mlp(layer, self._norm(h, pre + "pre_feedforward_layernorm.weight"))
-                h = self.store(h + self._norm(mlp_out, pre + "post_feedforward_layernorm.weight"))
-            else:
-                h = self.store(h + attn_out)
-                h = self.store(h + self._mlp(layer, self._norm(h, pre + "post_attention_layernorm.weight")))
-            hiddens.append(h)
-            ks.append(k)
-            vs.append(v)
-        if last_logits_only:
-            h = h[-1:]  # [1, hidden]
-        normed = self._norm(h, "model.norm.weight")  # [T or 1, hidden]
-        logits = soft_cap(self.store(normed @ self._weight("lm_head.weight").T), c.final_logit_softcap)  # [T or 1, V]
-        return ForwardResult(logits, hiddens, ks, vs)
+    def embed(self, rows: Tensor) -> Tensor:
+        """The residual stream's start [T, hidden] from the embedding's rows [T, hidden] of the tokens."""
+        h = self.store(rows)  # rows as stored
+        if self.config.embed_scale != 1.0:   # Gemma: the stored rows times sqrt(hidden), stored again
+            h = self.store(h * self.config.embed_scale)
+        return h
+
+    def decoder_layer(self, layer: int, h: Tensor, segments: list["Segment"],
+                      pasts: list[tuple[Tensor, Tensor] | None]) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Layer `layer` over the residual stream h [N, hidden] of `segments`
+        (their rows one after another) with each one's past K, V of this layer
+        (or None). Reads only this layer's weights. Returns (h [N, hidden],
+        per segment K [T, kv_heads, d] after RoPE, V [T, kv_heads, d])."""
+        c, pre = self.config, f"model.layers.{layer}."
+        visibles = [seg.mask if c.window_of(layer) is None else seg.windowed for seg in segments]   # [T, P+T] each
+        normed = self._norm(h, pre + "input_layernorm.weight")
+        if len(segments) == 1:   # one sequence: the layer's own attention (a subclass's, e.g. MLA)
+            cos, sin = segments[0].rope[layer]
+            attn_out, k, v = self._attention_block(layer, normed, cos, sin, visibles[0], pasts[0])
+            ks, vs = [k], [v]
+        else:
+            cos = torch.cat([seg.rope[layer][0] for seg in segments])  # [N, d]
+            sin = torch.cat([seg.rope[layer][1] for seg in segments])  # [N, d]
+            attn_out, ks, vs = self._attention_rows(layer, normed, cos, sin, visibles, pasts)
+        if c.sandwich_norms:   # Gemma: the attention's output and the MLP's are normed before their adds
+            h = self.store(h + self._norm(attn_out, pre + "post_attention_layernorm.weight"))
+            mlp_out = self._mlp(layer, self._norm(h, pre + "pre_feedforward_layernorm.weight"))
+            h = self.store(h + self._norm(mlp_out, pre + "post_feedforward_layernorm.weight"))
+        else:
+            h = self.store(h + attn_out)
+            h = self.store(h + self._mlp(layer, self._norm(h, pre + "post_attention_layernorm.weight")))
+        return h, ks, vs
+
+    def final_norm(self, h: Tensor) -> Tensor:
+        """The final norm of the residual stream [T, hidden]."""
+        return self._norm(h, "model.norm.weight")
+
+    def unembed(self, normed: Tensor) -> Tensor:
+        """Logits [T, V'] of normed rows [T, hidden] against the held lm_head.weight [V', hidden] (stored, capped)."""
+        return soft_cap(self.store(normed @ self._weight("lm_head.weight").T), self.config.final_logit_softcap)
+
+    def head(self, h: Tensor) -> Tensor:
+        """Logits [T, V] of the residual stream [T, hidden]: final norm, output projection, soft cap."""
+        return self.unembed(self.final_norm(h))
 
     __call__ = forward
 

@@ -112,7 +112,12 @@ class DenseOracle:
         leaf over the prefix's cached K/V: node i's row is the position of
         node i in the path of the first leaf below it (causality: that
         position sees exactly prefix + root_path(i))."""
-        return _tree_logits(self.model, self.prefixes, prefix, tokens, parents)
+        return self._judge(self.model, self.prefixes, prefix, tokens, parents)
+
+    def _judge(self, model, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
+               parents: Sequence[int]) -> Tensor:
+        """tree_logits over `model` and its prefix cache (the float64 model or a rounded one)."""
+        return _tree_logits(model, prefixes, prefix, tokens, parents)
 
     def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
                             dtype: str, probabilities: bool = False) -> Tensor:
@@ -123,7 +128,7 @@ class DenseOracle:
         computation of each node by the oracle's own code, with its own
         prefix cache."""
         model, prefixes = self._rounded(dtype, probabilities)
-        return _tree_logits(model, prefixes, prefix, tokens, parents)
+        return self._judge(model, prefixes, prefix, tokens, parents)
 
     def _rounded(self, dtype: str, probabilities: bool = False):
         """(this model storing every tensor in `dtype`, its own prefix cache), made once."""

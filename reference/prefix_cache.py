@@ -63,6 +63,10 @@ class PrefixCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
+    def longest(self, tokens) -> CausalPrefix:
+        """The longest cached CausalPrefix that `tokens` starts with (the empty one when none), computing nothing."""
+        return self._longest_cached(tuple(int(t) for t in tokens))
+
     def _longest_cached(self, tokens: tuple[int, ...]) -> CausalPrefix:
         best = CausalPrefix((), (), ())
         for key, entry in self._entries.items():

@@ -38,7 +38,8 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
     writer.begin_run()
     summary = CheckSummary(setting=s.command(), tolerance=tol, strict=s.strict,
                            port=p.port.describe() if p.port else None, oracle_device=p.oracle_device,
-                           load_s=dict(p.load_s))
+                           oracle=p.oracle_plan and p.oracle_plan.name,
+                           oracle_reason=p.oracle_plan and p.oracle_plan.reason, load_s=dict(p.load_s))
     if p.rule is not None:
         summary.verdict_rule, summary.noise_rule = "noise-floor", asdict(p.rule)
         summary.planned_nodes = planned_nodes(s) if s.noise_rule is None else None

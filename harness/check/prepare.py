@@ -19,7 +19,7 @@ from harness.faults import apply_fault
 from harness.check.load_agreement import LoadMismatch, compare_loaded
 from harness.engine.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.check.oracle_lookup import OracleUnavailable, load_oracle_class
-from harness.check.oracle_placement import choose_oracle_device, place_weights
+from harness.check.oracle_placement import OraclePlan, decide, place_weights
 from harness.ports.attach import PortRun, attach_port
 from harness.check.causal_twin import CausalTwin
 from harness.engine.loop import Engine
@@ -34,7 +34,7 @@ USAGE_ERRORS = (UsageError, ModelLoadError, BackendUnavailable, OracleUnavailabl
 
 def load_key(s: RunSettings) -> tuple:
     """What a checkpoint's reading depends on: settings with the same key share one `Loaded`."""
-    return s.model, s.seed, s.dtype, s.device, s.sliding_window, s.oracle_device
+    return s.model, s.seed, s.dtype, s.device, s.sliding_window, s.oracle_device, s.oracle
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,7 @@ class Loaded:
     load_mismatches: tuple[LoadMismatch, ...]   # the engine's loader against the oracle's own reading
     load_s: dict                   # wall seconds of each loading phase (timed_phase)
     tokenizer: object | None = None   # the checkpoint's tokenizer.json (a tokenizers.Tokenizer), None without one
+    oracle_plan: OraclePlan | None = None   # which oracle (dense or streamed) and why (oracle_placement.decide)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Prepared:
     @property
     def oracle_device(self) -> str:
         return self.loaded.oracle_device
+
+    @property
+    def oracle_plan(self) -> OraclePlan | None:
+        return self.loaded.oracle_plan
 
     @property
     def load_mismatches(self) -> tuple[LoadMismatch, ...]:
@@ -121,13 +126,13 @@ def load(s: RunSettings) -> Loaded:
             cfg, weights = load_checkpoint(directory)
             weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
             check_finite_weights(weights, s.model)
-        oracle_device = choose_oracle_device(s, weights)
+        plan = decide(s, weights, streamable=cfg.mla is None)   # MLA: the dense oracle only
         with timed_phase(phases, "oracle_load"):
-            oracle = load_oracle_from(directory, s.model, oracle_device)
+            oracle = load_oracle_from(directory, s.model, plan.device, plan.name)
         tokenizer = read_tokenizer(directory)
     with timed_phase(phases, "load_agreement"):
         load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
-    return Loaded(load_key(s), cfg, weights, oracle, oracle_device, load_mismatches, phases, tokenizer)
+    return Loaded(load_key(s), cfg, weights, oracle, plan.device, load_mismatches, phases, tokenizer, plan)
 
 
 def read_tokenizer(directory):
@@ -149,7 +154,7 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     port), the prompts checked against the vocabulary, and the twins."""
     if load_key(s) != loaded.key:
         raise ValueError("a reading of a checkpoint serves only settings with its model, seed, dtype, device, "
-                         "window and oracle device")
+                         "window and oracle")
     phases = dict(load_s or {})
     cfg = loaded.cfg
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
@@ -244,10 +249,10 @@ def check_finite_weights(weights: dict, model: str) -> None:
             raise ModelLoadError(f"--model {model}: tensor {name} holds non-finite values (NaN or Inf)")
 
 
-def load_oracle_from(directory, model: str, device: str = "cpu"):
-    """The registered oracle over its own reading of the checkpoint, computing
-    on `device`; a checkpoint it refuses is a usage error."""
+def load_oracle_from(directory, model: str, device: str = "cpu", name: str = "dense"):
+    """The registered oracle `name` (dense or streamed) over its own reading of
+    the checkpoint, computing on `device`; a checkpoint it refuses is a usage error."""
     try:
-        return load_oracle_class().from_checkpoint(directory, device=device)
+        return load_oracle_class(name).from_checkpoint(directory, device=device)
     except ValueError as e:
         raise ModelLoadError(f"the oracle cannot read --model {model}: {e}") from None

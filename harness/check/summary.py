@@ -82,6 +82,8 @@ class CheckSummary:
     engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
     oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
     oracle_device: str | None = None        # where the float64 oracle computed
+    oracle: str | None = None               # which: dense (the whole model held) or streamed (a layer at a time)
+    oracle_reason: str | None = None        # why that one there (harness/check/oracle_placement.py)
     load_s: dict = field(default_factory=dict)   # wall seconds of each loading phase (engine_load, oracle_load, ...)
     streams_s: float | None = None          # wall seconds of the stream check (the oracle's greedy streams)
     prefix_len_min: int = 0                 # committed prefix lengths the verify steps saw

@@ -82,6 +82,8 @@ def run(
                                                  "it from the checkpoint's config.json"),
     oracle_device: str = typer.Option("auto", help="where the float64 oracle computes: auto (the run's GPU when its "
                                       "float64 weights fit, else the CPU), cpu, cuda or cuda:N"),
+    oracle: str = typer.Option("auto", help="which float64 oracle judges: dense (the whole model held), streamed (one "
+                               "layer at a time, read from the checkpoint), auto (dense where it fits, else streamed)"),
     page_size: int = typer.Option(1, help="KV page size: 1, or a power of two up to 64 (branch regions of whole "
                                   "pages, compaction at commit)"),
     drafter: str = typer.Option("auto", help="noisy (a seeded stand-in), self (the target's first --draft-layers "
@@ -99,7 +101,7 @@ def run(
                         tolerance=tolerance, impl=impl[0] if impl else None, port_stages=port_stages, strict=strict,
                         kv_poison=kv_poison, eos_id=eos_id, stop_after=stop_after, case=str(case) if case else None,
                         prompt_lens=parse_prompt_lens(prompt_len), prompt_file=str(prompt_file) if prompt_file else None,
-                        oracle_device=oracle_device, verdict=verdict, tf32=tf32,
+                        oracle_device=oracle_device, oracle=oracle, verdict=verdict, tf32=tf32,
                         noise_rule=parse_noise_rule(noise_rule), sliding_window=sliding_window,
                         page_size=page_size, drafter=drafter, draft_layers=draft_layers, tp=tp)
         path = out or (SIDE_BY_SIDE_OUT if impl and len(impl) > 1 else default_out(s))

@@ -41,8 +41,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("prefix length", f"{summary.prefix_len_min} to {summary.prefix_len_max} tokens{tiles}")
     if summary.engine_s_per_step is not None:
         t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
-                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on "
-                                   f"{summary.oracle_device})")
+                                   f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on {summary.oracle_device}"
+                                   f"{', streamed by layer' if summary.oracle == 'streamed' else ''})")
     if summary.load_s:
         phases = ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in summary.load_s.items())
         streams = f"; stream check {summary.streams_s:.1f} s" if summary.streams_s is not None else ""

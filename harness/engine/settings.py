@@ -30,6 +30,7 @@ class NotRunnableHere(UsageError):
 LIMITS = {"budget": 1024, "topk": 64, "block_size": 64, "batch": 256, "max_new_tokens": 8192,
           "seed": 2**32 - 1, "stop_after": 8192, "eos_id": 2**31 - 1,
           "sliding_window": 2**20, "draft_layers": 1024, "tp": 64}
+ORACLE_CHOICES = ("auto", "dense", "streamed")   # harness/check/oracle_placement.py decides auto
 DRAFTER_CHOICES = ("auto", "noisy", "self")   # auto: self for a checkpoint or trained model, noisy for a preset
 
 
@@ -67,6 +68,7 @@ class RunSettings:
     eos_id: int | None = None       # end-of-sequence token: a stream stops there (on both sides)
     stop_after: int = 2             # end the run after this many divergent verify steps (0: never)
     oracle_device: str = "auto"     # where the float64 oracle computes (harness/check/oracle_placement.py)
+    oracle: str = "auto"            # auto | dense (the whole model held) | streamed (one layer at a time)
     prompt_lens: tuple[int, ...] | None = None  # prompts of these lengths drawn from the seed (--prompt-len)
     prompt_file: str | None = None  # token ids as JSON, or text for the checkpoint's tokenizer (--prompt-file)
     verdict: str = "auto"           # fixed | noise-floor | auto (harness/verdict/noise_floor.py)
@@ -108,7 +110,9 @@ class RunSettings:
                   (self.verdict != "noise-floor" or self.dtype in NOISE_FLOOR,
                    f"--verdict noise-floor judges bfloat16 and float16 runs; {self.dtype} uses the fixed table"),
                   (self.oracle_device in ("auto", "cpu", "cuda") or _is_cuda_index(self.oracle_device),
-                   f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}")]
+                   f"--oracle-device must be auto, cpu, cuda or cuda:N, got {self.oracle_device!r}"),
+                  (self.oracle in ORACLE_CHOICES,
+                   f"--oracle must be one of {', '.join(ORACLE_CHOICES)}, got {self.oracle!r}")]
         checks += page_size_checks(self) + tp_checks(self)
         for ok, msg in checks:
             if not ok:
@@ -167,6 +171,8 @@ class RunSettings:
             parts.append("--noise-rule " + ",".join(f"{x:g}" for x in self.noise_rule))
         if self.oracle_device != "auto":
             parts.append(f"--oracle-device {self.oracle_device}")
+        if self.oracle != "auto":
+            parts.append(f"--oracle {self.oracle}")
         if self.page_size != 1:
             parts.append(f"--page-size {self.page_size}")
         if self.drafter != "auto":

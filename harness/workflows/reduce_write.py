@@ -15,7 +15,7 @@ from harness.check.outputs import replace_atomically
 from harness.engine.settings import RunSettings
 
 # run settings a case file cannot hold: said in a comment when they are not the defaults
-NOT_IN_CASES = ("device", "kv_poison", "eos_id", "verdict", "tf32", "oracle_device")
+NOT_IN_CASES = ("device", "kv_poison", "eos_id", "verdict", "tf32", "oracle_device", "oracle")
 
 
 def _toml(v) -> str:
