@@ -77,6 +77,9 @@ class Engine:
                  pipeline: Pipeline = Pipeline()):
         self.s, self.cfg, self._pipeline = settings, cfg, pipeline
         self.kernel = backend   # the backend as made; the verify runs through the pipeline's wrapping of it
+        if cfg.mla is not None and not getattr(backend, "runs_mla", False):
+            raise NotRunnableHere(f"--backend {settings.backend} does not run multi-head latent attention (K and V "
+                                  "of different widths over a latent pool): use --backend torch or sglang-triton")
         self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
         dev, q_len = settings.device, pipeline.width(settings.budget)
         self.q_len = q_len
@@ -103,7 +106,7 @@ class Engine:
 
     def _build_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaModel:
         """The target model (a tensor-parallel rank builds its shard instead: harness/engine/tp)."""
-        return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device)
+        return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device, self._pipeline.model_stages)
 
     def _acceptors(self, accept: str, walk):
         """(the acceptor that drives the run, the one cross-checked against it, or None)."""
@@ -140,6 +143,7 @@ class Engine:
     def pipeline(self, pipeline: Pipeline) -> None:
         """A pipeline swapped in after the build (a test's or a study's planted stage) brings its stages."""
         self._pipeline = pipeline
+        self.model.stages = pipeline.model_stages
         self._choose_stages()
 
     def _choose_stages(self) -> None:
