@@ -22,9 +22,10 @@ from ddschema import MoeConfig
 
 
 @dataclass(frozen=True)
-class Routing:
+class LayerRouting:
     """One layer's routing of T rows: experts  # [T, k] int64 (sorted), weights  # [T, k] float32,
-    gap  # [T] float32 biased score of the k-th chosen minus the best unchosen eligible expert."""
+    gap  # [T] float32 distance to the nearest other choice: the k-th chosen minus the best unchosen expert's
+    biased score in the kept groups, or the last kept group's score minus the next group's, the smaller."""
 
     layer: int
     experts: torch.Tensor
@@ -32,7 +33,7 @@ class Routing:
     gap: torch.Tensor
 
 
-def route(moe: MoeConfig, logits: torch.Tensor, bias: torch.Tensor, layer: int = -1) -> Routing:
+def route(moe: MoeConfig, logits: torch.Tensor, bias: torch.Tensor, layer: int = -1) -> LayerRouting:
     """logits  # [T, experts] router logits; bias  # [experts] the correction bias."""
     scores = torch.sigmoid(logits.float())                                       # [T, E]
     choice = scores + bias.float()[None]
@@ -49,12 +50,15 @@ def route(moe: MoeConfig, logits: torch.Tensor, bias: torch.Tensor, layer: int =
         gap = (ranked.values[:, k - 1] - ranked.values[:, k]).nan_to_num(posinf=float("inf"))
     else:
         gap = torch.full((T,), float("inf"))
+    if moe.topk_group < moe.n_group:
+        ranked_groups = group_score.topk(moe.topk_group + 1, dim=-1).values
+        gap = torch.minimum(gap, ranked_groups[:, -2] - ranked_groups[:, -1])
     weights = scores.gather(1, experts)                                           # [T, k]
     if moe.norm_topk_prob:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     weights = weights * moe.routed_scaling_factor
     order = experts.argsort(-1)
-    return Routing(layer, experts.gather(1, order), weights.gather(1, order), gap)
+    return LayerRouting(layer, experts.gather(1, order), weights.gather(1, order), gap)
 
 
 def swiglu(x: torch.Tensor, w: dict, prefix: str) -> torch.Tensor:
