@@ -60,6 +60,9 @@ class RequestStep:
     acceptance: Acceptance
     cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
     draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
+    # the verify rows' routing in the MoE layers: (experts [q_len, L, k] sorted, gap [q_len, L]) (None: no MoE,
+    # or a graph replay, whose Python-side record is the capture's)
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ class StepResult:
     batch: VerifyBatch
     provenance: tuple[ProvenanceFinding, ...] = ()  # the KV canary's findings on this round's reads and writes
     rank_findings: tuple = ()   # tensor parallelism: where a rank's metadata or shard disagrees (engine/tp/audit.py)
+
+
+def request_routing(routing: list | None, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Request b's rows of one forward's per-layer routings: (experts [q, L, k], gap [q, L]), None without any."""
+    if not routing:
+        return None
+    rows = slice(b * q, (b + 1) * q)
+    return (torch.stack([r.experts[rows].cpu() for r in routing], 1),
+            torch.stack([r.gap[rows].cpu() for r in routing], 1))
 
 
 class Engine:
@@ -230,7 +242,9 @@ class Engine:
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, rows.loc, p.build_mask)
         vb = self.fold_window(vb).to(s.device)
+        self.model.routing_out = [] if self.cfg.moe is not None and self.graph is None else None
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
+        routing, self.model.routing_out = self.model.routing_out, None
         findings = self._canary(step, active, vb)
         predicts = logits.argmax(-1).tolist()   # [bs*q_len]
         loc = rows.loc.tolist()
@@ -240,7 +254,8 @@ class Engine:
             cross = self.cross_accept(tree, predicts[b * q:(b + 1) * q]) if self.cross_accept else None
             cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[b * q:(b + 1) * q],
-                                   tuple(loc[b * q:(b + 1) * q]), acc, cross, drafts[b]))
+                                   tuple(loc[b * q:(b + 1) * q]), acc, cross, drafts[b],
+                                   request_routing(routing, b, q)))
         self.rows.commit(active, trees, [rs.acceptance for rs in out], rows)
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
