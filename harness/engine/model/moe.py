@@ -49,7 +49,7 @@ def route(moe: MoeConfig, logits: torch.Tensor, bias: torch.Tensor, layer: int =
     if ranked.values.shape[1] > k:
         gap = (ranked.values[:, k - 1] - ranked.values[:, k]).nan_to_num(posinf=float("inf"))
     else:
-        gap = torch.full((T,), float("inf"))
+        gap = torch.full((T,), float("inf"), device=scores.device)
     if moe.topk_group < moe.n_group:
         ranked_groups = group_score.topk(moe.topk_group + 1, dim=-1).values
         gap = torch.minimum(gap, ranked_groups[:, -2] - ranked_groups[:, -1])
@@ -87,10 +87,10 @@ class MoeLayer:
         if model.routing_out is not None:
             model.routing_out.append(r)
         out = torch.zeros_like(x, dtype=torch.float32)                            # [T, hidden]
-        for e in r.experts.unique().tolist():
-            rows, slot = (r.experts == e).nonzero(as_tuple=True)
-            y = swiglu(xs[rows], w, p + f"experts.{e}.")                          # [n, hidden]
-            out.index_add_(0, rows, y.float() * r.weights[rows, slot, None])
+        # every expert over every row, weighted 0 where not chosen: no host sync, so a CUDA graph captures it
+        for e in range(moe.n_routed_experts):
+            weight = (r.weights * (r.experts == e)).sum(-1)                       # [T] float32
+            out += swiglu(xs, w, p + f"experts.{e}.").float() * weight[:, None]
         out = out.to(x.dtype)
         if moe.n_shared_experts:
             out = out + swiglu(x, w, p + "shared_experts.")
