@@ -99,3 +99,17 @@ def test_yarn_changes_the_frequencies_and_the_scale():
     plain = 1.0 / cfg.rope_theta ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8)
     assert inv_freq[0] == plain[0] and torch.allclose(inv_freq[-1], plain[-1] / 4.0)
     assert mscale == 1.0 and math.isclose(mla_softmax_scale(cfg), 24 ** -0.5 * (0.1 * math.log(4.0) + 1) ** 2)
+
+
+def test_a_backend_without_latent_attention_is_refused_by_name():
+    from harness.engine.loop import Engine
+    from harness.engine.settings import NotRunnableHere, RunSettings, prompt_tokens, prompts_for_batch
+    from harness.engine.model.presets import load_model
+
+    class PerHeadOnly(TorchBackend):
+        runs_mla = False
+    cfg, w = load_model("tiny-deepseek-v3", 0)
+    specs = prompts_for_batch(1)
+    with pytest.raises(NotRunnableHere, match="--backend sglang-unified does not run multi-head latent attention"):
+        Engine(RunSettings(model="tiny-deepseek-v3", backend="sglang-unified"), cfg, w,
+               PerHeadOnly("cpu", torch.float32), specs, [prompt_tokens(specs[0], 0, cfg.vocab_size, 0)])
