@@ -28,14 +28,14 @@ def latent_rope_at_flat_index(positions: torch.Tensor, meta) -> torch.Tensor:
     return out
 
 
-def latent_one_slot_late(out_cache_loc: torch.Tensor, meta) -> torch.Tensor:
-    """Each request's verify rows write their latents one row on: row j into row j+1's slot, the last into row 0's."""
+def latent_slots_reversed(out_cache_loc: torch.Tensor, meta) -> torch.Tensor:
+    """Each request's verify rows write their latents in reverse row order: row j into row q_len-1-j's slot."""
     if not _verify(meta):
         return out_cache_loc
     out = out_cache_loc.clone()
     qo = meta.qo_indptr.tolist()
     for b in range(len(qo) - 1):
-        out[qo[b]:qo[b + 1]] = out_cache_loc[qo[b]:qo[b + 1]].roll(1)
+        out[qo[b]:qo[b + 1]] = out_cache_loc[qo[b]:qo[b + 1]].flip(0)
     return out
 
 
@@ -79,9 +79,9 @@ MLA_MOE_FAULTS = (
           "(the flat query index), not prefix + depth", "an MLA model and a branching tree (--model "
           "tiny-deepseek-v3 --topk 2)", "latent-rope-position", _stage(latent_rope_positions=latent_rope_at_flat_index),
           all_of(is_mla, has_branch)),
-    Fault("mla-latent-wrong-slot", "verify rows write their latents one row late in out_cache_loc: the committed "
-          "positions hold their neighbours' latents", "an MLA model and a second verify round (--max-new-tokens > "
-          "--block-size + 1)", "latent-wrong-slot", _stage(latent_slots=latent_one_slot_late),
+    Fault("mla-latent-wrong-slot", "verify rows write their latents to their request's slots in reverse row order: "
+          "committed positions hold other rows' latents", "an MLA model and a second verify round (--max-new-tokens > "
+          "--block-size + 1)", "latent-wrong-slot", _stage(latent_slots=latent_slots_reversed),
           all_of(is_mla, two_steps)),
     Fault("moe-router-reads-padding", "the expert dispatch reads a padding row's hidden state for each request's "
           "last real row (the padding counted into the batch's expert load)", "a MoE model and padding rows "

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import torch
 
-from harness.check.localize.model_audit import audit_expert_reads, audit_latents
+from harness.check.localize.layer_bisect import capture_hidden
+from harness.check.localize.model_audit import audit_expert_reads, audit_latents, audit_row_latents
 from harness.engine.attn.torch_backend import TorchBackend
 from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.loop import Engine
@@ -18,7 +19,7 @@ from harness.engine.model.llama import LlamaModel
 from harness.engine.model.presets import load_model
 from harness.engine.settings import RunSettings, prompt_tokens, prompts_for_batch
 from harness.faults import apply_fault
-from harness.faults.mla_moe import latent_one_slot_late, latent_rope_at_flat_index, router_reads_padding
+from harness.faults.mla_moe import latent_slots_reversed, latent_rope_at_flat_index, router_reads_padding
 
 MODEL = "tiny-deepseek-v3"
 
@@ -32,11 +33,11 @@ def test_stages_change_verify_rows_only():
     pos = torch.tensor([10, 11, 11, 12, 10, 20, 21, 22, 20, 20])   # two requests of 5: root, 3 nodes / 2 nodes, padding
     meta = _Meta([0, 5, 10])
     assert latent_rope_at_flat_index(pos, meta).tolist() == [10, 11, 12, 13, 14, 20, 21, 22, 23, 24]
-    assert latent_one_slot_late(torch.arange(10), meta).tolist() == [4, 0, 1, 2, 3, 9, 5, 6, 7, 8]
+    assert latent_slots_reversed(torch.arange(10), meta).tolist() == [4, 3, 2, 1, 0, 9, 8, 7, 6, 5]
     assert router_reads_padding(pos, meta).tolist() == [0, 1, 2, 4, 4, 5, 6, 8, 8, 9]
     prefill = _Meta([0, 10], mask=False)
     assert torch.equal(latent_rope_at_flat_index(pos, prefill), pos)
-    assert torch.equal(latent_one_slot_late(torch.arange(10), prefill), torch.arange(10))
+    assert torch.equal(latent_slots_reversed(torch.arange(10), prefill), torch.arange(10))
     assert router_reads_padding(pos, prefill).tolist() == list(range(10))
 
 
@@ -82,3 +83,12 @@ def test_the_expert_read_audit_names_the_padding_dispatch_and_passes_a_clean_run
         engine, _ = _engine(fault)
         result = next(iter(engine.rounds()))
         assert [w.hint for w in audit_expert_reads(engine, result, 0, 1e-4)] == want
+
+
+def test_the_row_audit_names_the_divergent_rounds_latents_before_any_is_committed():
+    for fault, kw, want in ((None, {"topk": 2}, []), ("mla-rope-flat-index", {"topk": 2}, ["latent-rope-position"]),
+                            ("mla-latent-wrong-slot", {}, ["latent-wrong-slot"])):
+        engine, oracle = _engine(fault, **kw)
+        result = next(iter(engine.rounds()))
+        capture_hidden(engine, result)   # the round's forward again: its latents back in their slots
+        assert [w.hint for w in audit_row_latents(engine, result, oracle, 1e-4, 0)] == want

@@ -16,7 +16,7 @@ from harness.check.localize.kv_audit import KVAudit, audit_cache, audit_invarian
 from harness.check.localize.layer_bisect import bisect, capture_hidden
 from harness.check.localize.mask_probe import diff_request, dummy_request, probe_visibility
 from harness.check.localize.metadata_audit import audit_round
-from harness.check.localize.model_audit import audit_expert_reads, audit_latents
+from harness.check.localize.model_audit import audit_expert_reads, audit_latents, audit_row_latents
 from harness.check.localize.window_audit import audit_window
 from harness.check.localize.wrong import Wrong
 from harness.engine.attn.bounds import KernelBoundsError, check_kernel_reads
@@ -140,7 +140,9 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
         ev.num_rows = trees[b].num_rows
         ev.inputs = audit_inputs(vb, trees).get(b)
     ev.wrongs += audit_expert_reads(engine, result, result.step, tol)
-    hidden = capture_hidden(engine, result)
+    hidden = capture_hidden(engine, result)   # rewrites the round's latents: the row audit reads them
+    if first.what == "node" and not any(w.step == result.step and w.stage == "model" for w in ev.wrongs):
+        ev.wrongs += audit_row_latents(engine, result, oracle, tol, b)
     row = qo[b] + first.node
     ref = None
     if first.what == "node":
