@@ -52,23 +52,55 @@ def audit_latents(engine, result, oracle, tol: float, seen: set) -> list[Wrong]:
 
 
 def _named(engine, step, rs, pos, layer, got, want, scale, tol, err, old) -> Wrong:
-    rank = engine.cfg.mla.kv_lora_rank
-    held = [q for q in range(want.shape[0]) if q != pos and float((got[pos] - want[q]).abs().max()) / scale <= tol]
+    """A committed position's wrong latent, named by what it holds (another position's latent, a turned RoPE key)."""
     where = f"the cached latent of position {pos} (layer {layer}, slot from req_to_token)"
-    if held:
-        return Wrong(step, "model", "kv_cache", rs.rid, pos, pos, held[0], 1,
-                     f"{where} is the oracle's latent of position {held[0]}: a verify row's latent was written "
-                     "to another row's slot", "latent-wrong-slot")
+    others = [(f"position {q}", want[q]) for q in range(want.shape[0]) if q != pos]
+    return name_latent(engine, step, rs.rid, pos, where, got[pos], want[pos], pos, others, scale, tol, err,
+                       "prefix" if pos < old and step == 0 else "")
+
+
+def name_latent(engine, step, rid, index, where, got, want, position, others, scale, tol, err, plain_hint="") -> Wrong:
+    """got, want  # [rank+rope] one latent; others: (label, latent) it might hold instead."""
+    rank = engine.cfg.mla.kv_lora_rank
+    held = next((label for label, o in others if float((got - o).abs().max()) / scale <= tol), None)
+    if held is not None:
+        return Wrong(step, "model", "kv_cache", rid, index, where, held, 1,
+                     f"{where} is the oracle's latent of {held}: a verify row's latent was written to another "
+                     "row's slot", "latent-wrong-slot")
     shift = None
-    if float((got[pos, :rank] - want[pos, :rank]).abs().max()) / scale <= tol:
-        shift = _rope_shift(engine, got[pos, rank:], want[pos, rank:], pos, scale, tol)
+    if float((got[:rank] - want[:rank]).abs().max()) / scale <= tol:
+        shift = _rope_shift(engine, got[rank:], want[rank:], position, scale, tol)
     if shift is not None:
-        return Wrong(step, "model", "kv_cache", rs.rid, pos, pos, pos + shift, 1,
+        return Wrong(step, "model", "kv_cache", rid, index, position, position + shift, 1,
                      f"{where} holds the right compressed latent but its RoPE key is turned at position "
-                     f"{pos + shift}, not {pos} ({shift:+d}): the latent's rotation took another index than "
-                     "prefix + depth", "latent-rope-position")
-    return Wrong(step, "model", "kv_cache", rs.rid, pos, 0.0, err, 1,
-                 f"{where} is off the oracle's by {err:.2e} (relative)", "prefix" if pos < old and step == 0 else "")
+                     f"{position + shift}, not {position} ({shift:+d}): the latent's rotation took another index "
+                     "than prefix + depth", "latent-rope-position")
+    return Wrong(step, "model", "kv_cache", rid, index, 0.0, err, 1,
+                 f"{where} is off the oracle's by {err:.2e} (relative)", plain_hint)
+
+
+def audit_row_latents(engine, result, oracle, tol: float, b: int) -> list[Wrong]:
+    """The divergent request's verify rows' latents at their out_cache_loc slots, as the round's forward
+    (re-run by the bisect) wrote them, against the oracle's latent of each row's path."""
+    path_latent = getattr(oracle, "path_latent", None)
+    if engine.cfg.mla is None or path_latent is None:
+        return []
+    rs, q = result.requests[b], result.batch.q_len
+    tree, prefix = rs.tree, list(rs.prefix)
+    loc = result.batch.attn.out_cache_loc[b * q:b * q + tree.num_rows]                 # [rows]
+    wants = [path_latent(prefix + [tree.tokens[a] for a in tree.ancestors(i)])[:, -1].double()
+             for i in range(tree.num_rows)]                                            # each [L, rank+rope]
+    for layer in range(len(engine.pool.k_buffer)):
+        got = engine.pool.k_buffer[layer][loc.to(engine.pool.k_buffer[layer].device)][:, 0].double().cpu()
+        scale = max(max(float(w[layer].abs().max()) for w in wants), 1e-30)
+        for i in range(tree.num_rows):
+            err = float((got[i] - wants[i][layer]).abs().max()) / scale
+            if not err <= tol:
+                others = [(f"row {j}", wants[j][layer]) for j in range(tree.num_rows) if j != i]
+                where = f"verify row {i}'s latent (depth {tree.depths[i]}, layer {layer}, its out_cache_loc slot)"
+                return [name_latent(engine, result.step, rs.rid, i, where, got[i], wants[i][layer],
+                                    len(prefix) + tree.depths[i], others, scale, tol, err)]
+    return []
 
 
 def _rope_shift(engine, got_pe, want_pe, pos, scale, tol) -> int | None:
