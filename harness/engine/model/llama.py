@@ -179,16 +179,16 @@ class LlamaModel:
         act = F.silu(gate) if self.cfg.hidden_act == "silu" else F.gelu(gate, approximate="tanh")
         return F.linear(act * up, w[p + "mlp.down_proj.weight"])
 
+    def _rope(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.to(torch.float64)[:, None] * inv_freq[None]  # [T, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
+
     def mla_rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """MLA's interleaved-pair cos, sin  # [T, 1, rope/2] with YaRN's magnitude correction."""
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None]   # [T, rope/2]
         return ((freqs.cos() * self.mla_mscale).to(self.dtype)[:, None],
                 (freqs.sin() * self.mla_mscale).to(self.dtype)[:, None])
-
-    def _rope(self, positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(torch.float64)[:, None] * inv_freq[None]  # [T, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
 
 
 def layer_attention(cfg: ModelConfig, weights: dict[str, torch.Tensor], layer: int, device: str) -> LayerAttention:
