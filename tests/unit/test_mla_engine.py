@@ -113,3 +113,11 @@ def test_a_backend_without_latent_attention_is_refused_by_name():
     with pytest.raises(NotRunnableHere, match="--backend sglang-unified does not run multi-head latent attention"):
         Engine(RunSettings(model="tiny-deepseek-v3", backend="sglang-unified"), cfg, w,
                PerHeadOnly("cpu", torch.float32), specs, [prompt_tokens(specs[0], 0, cfg.vocab_size, 0)])
+
+
+def test_only_the_torch_and_triton_backends_say_they_run_latent_attention():
+    from harness.engine.attn.sglang_serving import SGLangServingBackend
+    from harness.engine.attn.sglang_triton import SGLangTritonBackend
+    from harness.engine.attn.sglang_unified import SGLangUnifiedBackend
+    assert TorchBackend.runs_mla and SGLangTritonBackend.runs_mla
+    assert not SGLangUnifiedBackend.runs_mla and not SGLangServingBackend.runs_mla
