@@ -121,3 +121,22 @@ def test_only_the_torch_and_triton_backends_say_they_run_latent_attention():
     from harness.engine.attn.sglang_unified import SGLangUnifiedBackend
     assert TorchBackend.runs_mla and SGLangTritonBackend.runs_mla
     assert not SGLangUnifiedBackend.runs_mla and not SGLangServingBackend.runs_mla
+
+
+@pytest.mark.sglang
+def test_sglangs_triton_kernel_at_deepseek_v3s_absorbed_widths_equals_the_torch_twin():
+    """K of 512 + 64 and V of 512 (Lq 576, Lv 512: the kernel's BLOCK_DMODEL + BLOCK_DPE split), two heads."""
+    from ddschema import MlaConfig, ModelConfig, YarnScaling
+    from harness.engine.attn.sglang_triton import SGLangTritonBackend, available
+    if not available():
+        pytest.skip("SGLang's kernel does not import")
+    cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_layers=1, num_heads=2,
+                      num_kv_heads=2, head_dim=192, rope_scaling=YarnScaling(40.0, 4096, mscale_all_dim=1.0),
+                      mla=MlaConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                    q_lora_rank=64))
+    model = LlamaModel(cfg, random_weights(cfg, 0), torch.float32, "cpu")
+    T = 6
+    outs = [model.forward(torch.arange(T), torch.arange(T), prefill_metadata([T], torch.arange(1, T + 1)),
+                          KVPool(cfg, T + 1, torch.float32, "cpu"), backend("cpu", torch.float32))
+            for backend in (TorchBackend, SGLangTritonBackend)]
+    assert (outs[0] - outs[1]).abs().max() < 1e-5 * outs[0].abs().max()
