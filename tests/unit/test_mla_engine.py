@@ -140,3 +140,12 @@ def test_sglangs_triton_kernel_at_deepseek_v3s_absorbed_widths_equals_the_torch_
                           KVPool(cfg, T + 1, torch.float32, "cpu"), backend("cpu", torch.float32))
             for backend in (TorchBackend, SGLangTritonBackend)]
     assert (outs[0] - outs[1]).abs().max() < 1e-5 * outs[0].abs().max()
+
+
+def test_transformers_5s_rope_parameters_read_and_a_quantized_checkpoint_refused():
+    cfg = PRESETS["tiny-deepseek-v3"]
+    hf = config_to_hf(cfg)
+    yarn, theta = hf.pop("rope_scaling"), hf.pop("rope_theta")
+    assert config_from_hf({**hf, "rope_parameters": {**yarn, "rope_type": "yarn", "rope_theta": theta}}) == cfg
+    with pytest.raises(ModelLoadError, match="quantization_config"):
+        config_from_hf({**config_to_hf(cfg), "quantization_config": {"quant_method": "fp8"}})

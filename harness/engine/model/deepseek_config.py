@@ -38,7 +38,14 @@ def _int(hf: dict, key: str, minimum: int = 1) -> int:
     return v
 
 
+# keys that change the math and are not implemented: refused by name, never ignored
+REFUSED = ("quantization_config",)
+
+
 def _refuse_unimplemented(hf: dict) -> None:
+    for key in REFUSED:
+        if hf.get(key) is not None:
+            raise DeepseekConfigError(f"config.json sets {key}, which changes the math and is not supported")
     for key, accepted in FIXED.items():
         if key in hf and hf[key] not in accepted:
             raise DeepseekConfigError(f"config.json sets {key} {hf[key]!r} (only {accepted[0]!r}), which changes "
@@ -46,9 +53,10 @@ def _refuse_unimplemented(hf: dict) -> None:
 
 
 def _yarn(hf: dict) -> YarnScaling | None:
-    rope = hf.get("rope_scaling") or {}
-    if not isinstance(rope, dict):
-        raise DeepseekConfigError(f"config.json: rope_scaling must be an object, got {rope!r}")
+    parts = [hf.get("rope_scaling") or {}, hf.get("rope_parameters") or {}]   # transformers 4's and 5's spellings
+    if not all(isinstance(part, dict) for part in parts):
+        raise DeepseekConfigError(f"config.json: rope_scaling and rope_parameters must be objects, got {parts!r}")
+    rope = {**parts[0], **parts[1]}
     kind = rope.get("type") or rope.get("rope_type") or "default"
     if kind == "default":
         return None
@@ -89,7 +97,7 @@ def deepseek_config(hf: dict) -> ModelConfig:
             raise DeepseekConfigError("config.json: a group scores its top two experts, so n_routed_experts / "
                                       "n_group must be >= 2")
     heads = hf["num_attention_heads"]
-    theta = hf.get("rope_theta", DEFAULTS["rope_theta"])
+    theta = (hf.get("rope_parameters") or {}).get("rope_theta") or hf.get("rope_theta", DEFAULTS["rope_theta"])
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
         raise DeepseekConfigError(f"config.json: rope_theta must be a positive number, got {theta!r}")
     return ModelConfig(
