@@ -60,8 +60,7 @@ class RequestStep:
     acceptance: Acceptance
     cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
     draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
-    # the verify rows' routing in the MoE layers: (experts [q_len, L, k] sorted, gap [q_len, L]) (None: no MoE,
-    # or a graph replay, whose Python-side record is the capture's)
+    # the verify rows' routing in the MoE layers: (experts [q_len, L, k] sorted, gap [q_len, L]) (None: no MoE)
     routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
@@ -115,6 +114,7 @@ class Engine:
         self.serving = self._bind_serving(serving_of(backend), len(prompts))
         self.served_meta = None   # the metadata the serving backend built for the last served forward
         self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
+        self._graph_routing: dict[int, list] = {}   # bucket -> its capture's routing tensors (_round_routing)
 
     def _build_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaModel:
         """The target model (a tensor-parallel rank builds its shard instead: harness/engine/tp)."""
@@ -242,9 +242,10 @@ class Engine:
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, rows.loc, p.build_mask)
         vb = self.fold_window(vb).to(s.device)
-        self.model.routing_out = [] if self.cfg.moe is not None and self.graph is None else None
+        self.model.routing_out = [] if self.cfg.moe is not None else None
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
-        routing, self.model.routing_out = self.model.routing_out, None
+        routing = self._round_routing(self.model.routing_out)
+        self.model.routing_out = None
         findings = self._canary(step, active, vb)
         predicts = logits.argmax(-1).tolist()   # [bs*q_len]
         loc = rows.loc.tolist()
@@ -260,6 +261,21 @@ class Engine:
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
         return StepResult(step, tuple(out), vb, tuple(findings))
+
+    def _round_routing(self, recorded: list | None) -> list | None:
+        """The verify forward's per-layer routings: the last forward's (eager, or a graph replayed on the CPU by
+        running it); a CUDA graph's replay runs no Python, so its bucket's captured routing tensors, which the
+        replay rewrites in the graph's memory, are kept at capture and read back."""
+        if recorded is None:
+            return None
+        layers = sum(self.cfg.moe.is_moe_layer(i) for i in range(self.cfg.num_layers))
+        bucket = self.graph.last.bucket if self.graph is not None and self.graph.last is not None else None
+        if len(recorded) >= layers:
+            recorded = recorded[-layers:]
+            if bucket is not None:
+                self._graph_routing[bucket] = recorded
+            return recorded
+        return self._graph_routing.get(bucket)
 
     def _canary(self, step: int, active: list[Request], vb: VerifyBatch) -> list[ProvenanceFinding]:
         """What the kernel wrote and read this round (a graph replay's static

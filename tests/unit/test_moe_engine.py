@@ -36,3 +36,18 @@ def test_the_gap_is_the_distance_to_the_nearest_other_choice():
     r = route(MOE, _logits([0.8, 0.7, 0.75, 0.1, 0.2, 0.1, 0.1, 0.1]), torch.zeros(8))
     # experts: 0 (0.8) and 2 (0.75); next eligible 1 (0.7): gap 0.05; the groups (1.5, 0.85 | 0.3, 0.2) are far apart
     assert r.experts.tolist() == [[0, 2]] and abs(float(r.gap[0]) - 0.05) < 1e-6
+
+
+def test_a_cuda_graph_replay_reads_its_buckets_captured_routing():
+    """A CUDA replay runs no Python: the routing tensors kept at the bucket's capture (which the replay rewrites
+    in the graph's memory) are read back; a capture's warm-up and capture forwards keep the last one's."""
+    from types import SimpleNamespace
+    from harness.engine.loop import Engine
+    from harness.engine.model.presets import PRESETS
+    engine = Engine.__new__(Engine)
+    engine.cfg, engine._graph_routing = PRESETS["tiny-deepseek-v3"], {}   # one MoE layer
+    engine.graph = SimpleNamespace(last=SimpleNamespace(bucket=4))
+    assert engine._round_routing(["warm-up", "capture"]) == ["capture"]
+    assert engine._round_routing([]) == ["capture"]
+    engine.graph.last.bucket = 2
+    assert engine._round_routing([]) is None and engine._round_routing(None) is None
