@@ -18,4 +18,4 @@ RECORD_KINDS = {
     "summary": "one per run: counts and the first divergence",
 }
 
-VERDICTS = ("match", "diverge", "near-tie", "padding")
+VERDICTS = ("match", "diverge", "near-tie", "padding", "router-tie")

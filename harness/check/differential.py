@@ -13,6 +13,7 @@ import torch
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
 from harness.check.compare.metrics import compare_rows, engine_block, rel_l2
+from harness.check.compare.router_tie import RouterTies, StepRouting, noise_band
 from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.check.crash import Crash, attribute
@@ -66,6 +67,7 @@ class _Progress:
     ignored_prefix_keys: int = 0
     drift_pairs: list = field(default_factory=list)   # (rel_err, rounded_err) of every judged node: the run's drift
     ratios: list = field(default_factory=list)        # (noise ratio, step, request, node) of every judged node
+    router_ties: RouterTies | None = None              # committed positions tied by a router flip, per request
 
 
 def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
@@ -200,6 +202,9 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
     rule = p.rule
+    if progress.router_ties is None:
+        progress.router_ties = RouterTies(noise_band(p.settings.torch_dtype))
+    routed = StepRouting(rs, p.oracle, progress.router_ties)   # router near ties (compare/router_tie.py)
     accepted = set(rs.acceptance.rows)
     real = tree.num_rows
     metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
@@ -239,6 +244,9 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
             progress.ratios.append((ratio, rs.step, rs.rid, row))
         summary.max_node_bound = max(summary.max_node_bound, tol)
         verdict = m.verdict(tol)
+        if verdict == "diverge" and routed.verdict(row) == "router-tie":
+            verdict = "router-tie"   # a router flip inside the noise on both sides: counted, shown, not a divergence
+        summary.router_ties += verdict == "router-tie"
         summary.nodes_checked += 1
         summary.max_rel_err = max(summary.max_rel_err, m.rel_err)
         summary.max_ref_scale = max(summary.max_ref_scale, m.ref_scale)
@@ -252,6 +260,7 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
                                 verdict, summary.setting, twin_err=twin_err, noise_ratio=ratio,
                                 rounded_err=rounded_err, twin_dist=twin_dist, rel_l2=l2[0], twin_l2=l2[1],
                                 rounded_l2=l2[2]))
+    routed.commit()
     return ref
 
 

@@ -38,6 +38,7 @@ class CheckSummary:
     nodes_checked: int = 0
     divergent_nodes: int = 0
     near_ties: int = 0
+    router_ties: int = 0        # divergent nodes whose divergence starts at a router flip inside the noise
     padding_rows: int = 0
     nonfinite_padding_rows: int = 0  # padding rows (tree or graph batch padding) whose logits are not finite: a
     #                                  divergence, but not a judged node (divergent_nodes <= nodes_checked)

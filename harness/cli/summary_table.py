@@ -21,6 +21,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     t.add_row("nodes checked", str(summary.nodes_checked))
     t.add_row("divergent nodes", str(summary.divergent_nodes))
     t.add_row("near ties", str(summary.near_ties))
+    if summary.router_ties:
+        t.add_row("router ties", f"{summary.router_ties} (a MoE router flip inside the noise on both sides)")
     t.add_row("padding rows seen", str(summary.padding_rows))
     if summary.nonfinite_padding_rows:
         t.add_row("non-finite padding rows", f"[red]{summary.nonfinite_padding_rows}[/] (NaN or inf: a divergence)")

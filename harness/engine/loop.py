@@ -60,6 +60,8 @@ class RequestStep:
     acceptance: Acceptance
     cross_check: Acceptance | None = None  # the other acceptor's answer (None: SGLang absent)
     draft_logprobs: torch.Tensor | None = None  # [L, vocab] the drafts the tree was built from (None: unknown)
+    # the verify rows' routing in the MoE layers: (experts [q_len, L, k] sorted, gap [q_len, L]) (None: no MoE)
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,24 @@ class StepResult:
     rank_findings: tuple = ()   # tensor parallelism: where a rank's metadata or shard disagrees (engine/tp/audit.py)
 
 
+def request_routing(routing: list | None, b: int, q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Request b's rows of one forward's per-layer routings: (experts [q, L, k], gap [q, L]), None without any."""
+    if not routing:
+        return None
+    rows = slice(b * q, (b + 1) * q)
+    return (torch.stack([r.experts[rows].cpu() for r in routing], 1),
+            torch.stack([r.gap[rows].cpu() for r in routing], 1))
+
+
 class Engine:
     def __init__(self, settings: RunSettings, cfg: ModelConfig, weights: dict[str, torch.Tensor],
                  backend: AttentionBackend, prompts: list[PromptSpec], prompt_ids: list[list[int]],
                  pipeline: Pipeline = Pipeline()):
         self.s, self.cfg, self._pipeline = settings, cfg, pipeline
         self.kernel = backend   # the backend as made; the verify runs through the pipeline's wrapping of it
+        if cfg.mla is not None and not getattr(backend, "runs_mla", False):
+            raise NotRunnableHere(f"--backend {settings.backend} does not run multi-head latent attention (K and V "
+                                  "of different widths over a latent pool): use --backend torch or sglang-triton")
         self.backend = pipeline.attention(backend) if pipeline.attention is not None else backend
         dev, q_len = settings.device, pipeline.width(settings.budget)
         self.q_len = q_len
@@ -100,10 +114,11 @@ class Engine:
         self.serving = self._bind_serving(serving_of(backend), len(prompts))
         self.served_meta = None   # the metadata the serving backend built for the last served forward
         self.graph = self._graph_runner(len(prompts)) if settings.cuda_graph else None
+        self._graph_routing: dict[int, list] = {}   # bucket -> its capture's routing tensors (_round_routing)
 
     def _build_model(self, cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> LlamaModel:
         """The target model (a tensor-parallel rank builds its shard instead: harness/engine/tp)."""
-        return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device)
+        return LlamaModel(cfg, weights, self.s.torch_dtype, self.s.device, self._pipeline.model_stages)
 
     def _acceptors(self, accept: str, walk):
         """(the acceptor that drives the run, the one cross-checked against it, or None)."""
@@ -140,6 +155,7 @@ class Engine:
     def pipeline(self, pipeline: Pipeline) -> None:
         """A pipeline swapped in after the build (a test's or a study's planted stage) brings its stages."""
         self._pipeline = pipeline
+        self.model.stages = pipeline.model_stages
         self._choose_stages()
 
     def _choose_stages(self) -> None:
@@ -226,7 +242,10 @@ class Engine:
         vb = p.build_verify_batch(trees, [r.seq_len for r in active], [r.req_pool_idx for r in active],
                                   self.req_pool.req_to_token, rows.loc, p.build_mask)
         vb = self.fold_window(vb).to(s.device)
+        self.model.routing_out = [] if self.cfg.moe is not None else None
         logits = self.verify(vb).float().cpu()  # [bs*q_len, vocab]
+        routing = self._round_routing(self.model.routing_out)
+        self.model.routing_out = None
         findings = self._canary(step, active, vb)
         predicts = logits.argmax(-1).tolist()   # [bs*q_len]
         loc = rows.loc.tolist()
@@ -236,11 +255,27 @@ class Engine:
             cross = self.cross_accept(tree, predicts[b * q:(b + 1) * q]) if self.cross_accept else None
             cross = cut_at_stop(tree, cross, s.eos_id) if cross is not None else None
             out.append(RequestStep(step, r.rid, tuple(r.committed_tokens()), tree, logits[b * q:(b + 1) * q],
-                                   tuple(loc[b * q:(b + 1) * q]), acc, cross, drafts[b]))
+                                   tuple(loc[b * q:(b + 1) * q]), acc, cross, drafts[b],
+                                   request_routing(routing, b, q)))
         self.rows.commit(active, trees, [rs.acceptance for rs in out], rows)
         for r, tree, rs in zip(active, trees, out):
             r.emitted += [tree.tokens[i] for i in rs.acceptance.rows[1:]] + [rs.acceptance.bonus]
         return StepResult(step, tuple(out), vb, tuple(findings))
+
+    def _round_routing(self, recorded: list | None) -> list | None:
+        """The verify forward's per-layer routings: the last forward's (eager, or a graph replayed on the CPU by
+        running it); a CUDA graph's replay runs no Python, so its bucket's captured routing tensors, which the
+        replay rewrites in the graph's memory, are kept at capture and read back."""
+        if recorded is None:
+            return None
+        layers = sum(self.cfg.moe.is_moe_layer(i) for i in range(self.cfg.num_layers))
+        bucket = self.graph.last.bucket if self.graph is not None and self.graph.last is not None else None
+        if len(recorded) >= layers:
+            recorded = recorded[-layers:]
+            if bucket is not None:
+                self._graph_routing[bucket] = recorded
+            return recorded
+        return self._graph_routing.get(bucket)
 
     def _canary(self, step: int, active: list[Request], vb: VerifyBatch) -> list[ProvenanceFinding]:
         """What the kernel wrote and read this round (a graph replay's static

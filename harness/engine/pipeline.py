@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.engine.graph import GraphOptions
+from harness.engine.model.stages import ModelStages
 from harness.engine.ddtree.accept import cut_at_stop, greedy_walk
 from harness.engine.ddtree.commit import commit_kv
 from harness.engine.ddtree.commit_paged import commit_paged
@@ -56,3 +57,5 @@ class Pipeline:
     rank_stages: Optional[Callable] = None
     # the KV heads each rank holds, (rank, tp, num_kv_heads) -> heads; None: SGLang's rule (tp/sharding.py)
     kv_head_layout: Optional[Callable] = None
+    # the model's own stages (MLA's latent RoPE position and slot, the MoE's dispatch): harness/engine/model/stages.py
+    model_stages: ModelStages = ModelStages()

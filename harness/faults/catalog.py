@@ -20,6 +20,7 @@ from harness.engine.ddtree.verify_inputs import VerifyBatch, build_verify_batch
 from harness.engine.ddtree.commit_paged import commit_paged, compaction_plan
 from harness.engine.ddtree.verify_slots import place_batch
 from harness.engine.ddtree.window import with_window
+from harness.faults.mla_moe import MLA_MOE_FAULTS
 from harness.faults.tp_faults import TP_FAULTS
 
 
@@ -399,4 +400,4 @@ def _by_name(faults) -> dict[str, Fault]:
     return out
 
 
-FAULTS: dict[str, Fault] = _by_name(CATALOG + (SINKS_FIRST_ROW_ONLY,) + TP_FAULTS)
+FAULTS: dict[str, Fault] = _by_name(CATALOG + (SINKS_FIRST_ROW_ONLY,) + TP_FAULTS + MLA_MOE_FAULTS)

@@ -173,6 +173,7 @@ def _facts(v: SettingView) -> str:
         return f'<p class="muted">skipped, not run here (neither checked nor passed): {esc(m["skipped"])}</p>'
     rows = [("first divergence", describe_first(m)), ("nodes checked", m.get("nodes_checked")),
             ("divergent nodes", m.get("divergent_nodes")), ("near ties", m.get("near_ties")),
+            ("router ties", m.get("router_ties") or None),
             ("padding rows seen", m.get("padding_rows")),
             ("non-finite padding rows", m.get("nonfinite_padding_rows") or None),
             ("stream mismatches", m.get("stream_mismatches")),

@@ -67,7 +67,7 @@ def status_of(summary: dict) -> str:
         return "diverge"
     if summary.get("acceptance_shortfall"):   # the gate's acceptance baseline, written into the record
         return "below-baseline"
-    return "near-tie" if summary.get("near_ties") else "pass"
+    return "near-tie" if summary.get("near_ties") or summary.get("router_ties") else "pass"
 
 
 def expected_fault_caught(summary: dict) -> bool:
@@ -84,7 +84,7 @@ _INT = (int, type(None))
 FIELD_TYPES = {
     "*": {"kind": (str,), "setting": (str, type(None)), "run": (str, type(None))},
     "summary": {"passed": (bool, type(None)), "first": (dict, type(None)), "settings": (dict, type(None)),
-                "notes": (list, type(None)), "nodes_checked": _INT, "divergent_nodes": _INT, "near_ties": _INT,
+                "notes": (list, type(None)), "nodes_checked": _INT, "divergent_nodes": _INT, "near_ties": _INT, "router_ties": _INT,
                 "padding_rows": _INT, "nonfinite_padding_rows": _INT, "max_rel_err": _NUM, "tolerance": _NUM, "fault_class": (str, type(None)),
                 "explanation": (str, type(None)), "expect_fault": (str, type(None)), "error": (str, type(None)),
                 "acceptance_by_depth": (list, type(None)), "mean_accepted_length": _NUM,

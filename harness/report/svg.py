@@ -87,7 +87,7 @@ def tree(nodes: list[dict]) -> str:
     for n in real:
         x, y = pos[n["node"]]
         cls = ["node", "acc" if n.get("accepted") else "", "div" if n.get("verdict") == "diverge" else "",
-               "tie" if n.get("verdict") == "near-tie" else ""]
+               "tie" if n.get("verdict") in ("near-tie", "router-tie") else ""]
         tok = "root" if n["node"] == 0 else n.get("token")
         err = _num(n.get("rel_err"))
         tip = (f"row {n['node']}, depth {n.get('depth')}, token {n.get('token')}, {n.get('verdict')}"
@@ -168,7 +168,7 @@ def node_error_chart(nodes: list[dict], tol: float | None) -> str:
             marks.append(i)
         last = (n["step"], n["request"])
         err = _num(n.get("rel_err"))
-        cls = {"diverge": "bad", "near-tie": "tie"}.get(n.get("verdict"), "ok")
+        cls = {"diverge": "bad", "near-tie": "tie", "router-tie": "tie"}.get(n.get("verdict"), "ok")
         points.append((err, cls, f"step {n['step']}, request {n['request']}, node {n['node']} "
                                   f"(depth {n.get('depth')}): rel. error "
                                   f"{'n/a' if err is None else f'{err:.2e}'}, {n.get('verdict')}"))

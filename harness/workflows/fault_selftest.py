@@ -46,13 +46,16 @@ SHOW_SETTINGS: dict[str, dict] = {
     "tp-stale-mask": {"tp": 2},
     "tp-shifted-kv-indices": {"tp": 2},
     "tp-kv-heads-sharded": {"tp": 4},   # tiny has 2 KV heads: replicated over 4 ranks
+    "mla-rope-flat-index": {"model": "tiny-deepseek-v3", "topk": 2},
+    "mla-latent-wrong-slot": {"model": "tiny-deepseek-v3"},
+    "moe-router-reads-padding": {"model": "tiny-deepseek-v3"},
 }
 
 # The fault-free matrix, run once per seed.
 CLEAN_MATRIX = ({}, {"topk": 2}, {"cuda_graph": True, "batch": 3}, {"cuda_graph": True, "topk": 2, "batch": 2},
                 {"eos_id": "auto", "batch": 2}, {"model": "tiny-sinks", "topk": 2}, {"model": "tiny-softcap"},
                 {"sliding_window": 8, "topk": 2, "batch": 2}, {"sliding_window": 8, "cuda_graph": True, "topk": 2, "batch": 3},
-                {"page_size": 16, "topk": 2, "batch": 2})
+                {"page_size": 16, "topk": 2, "batch": 2}, {"model": "tiny-deepseek-v3", "topk": 2, "batch": 2})
 CLEAN_QUICK = ({}, {"cuda_graph": True, "topk": 2, "batch": 3}, {"model": "tiny-sinks", "topk": 2},
                {"sliding_window": 8, "topk": 2}, {"page_size": 16, "topk": 2, "batch": 2})
 

@@ -21,7 +21,8 @@ NAMES = {"padded-kv-visible", "mask-row-stride", "padded-rectangle-mask", "short
          "padded-row-fully-masked", "child-before-parent", "position-from-index", "padding-slot-alias",
          "bonus-from-wrong-node", "position-base-offset", "stale-graph-positions", "mask-request-permutation",
          "bonus-stride-cross-request", "duplicate-sibling-token", "commit-past-stop", "padded-entry-live",
-         "stale-graph-scalar", "accept-topology-mismatch"}
+         "stale-graph-scalar", "accept-topology-mismatch", "mla-rope-flat-index", "mla-latent-wrong-slot",
+         "moe-router-reads-padding"}
 VOCAB = 128
 CHAIN = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=5)         # 2 nodes + root, 2 padding rows
 BRANCH = DraftTree((5, 6, 7, 8), (None, 0, 0, 1), (0, 1, 1, 2), q_len=4)
@@ -62,6 +63,11 @@ def test_catalog_has_every_class_with_distinct_names_and_lines():
     ("stale-graph-scalar", {}, {"cuda_graph": True}),
     ("accept-topology-mismatch", {"topk": 1}, {"topk": 2}),
     ("accept-topology-mismatch", {"topk": 2, "accept": "sglang"}, {"topk": 2, "accept": "walk"}),
+    ("mla-rope-flat-index", {"topk": 2}, {"topk": 2, "model": "tiny-deepseek-v3"}),
+    ("mla-rope-flat-index", {"model": "tiny-deepseek-v3"}, {"topk": 2, "model": "tiny-deepseek-v3"}),
+    ("mla-latent-wrong-slot", {"model": "tiny-deepseek-v3", "max_new_tokens": 9}, {"model": "tiny-deepseek-v3"}),
+    ("moe-router-reads-padding", {}, {"model": "tiny-deepseek-v3"}),
+    ("moe-router-reads-padding", {"model": "tiny-deepseek-v3", "budget": 7}, {"model": "tiny-kimi-k2"}),
 ])
 def test_can_show_is_exact_about_the_settings_it_needs(name, bad, good):
     base = RunSettings(backend="torch")

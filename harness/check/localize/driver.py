@@ -16,6 +16,7 @@ from harness.check.localize.kv_audit import KVAudit, audit_cache, audit_invarian
 from harness.check.localize.layer_bisect import bisect, capture_hidden
 from harness.check.localize.mask_probe import diff_request, dummy_request, probe_visibility
 from harness.check.localize.metadata_audit import audit_round
+from harness.check.localize.model_audit import audit_expert_reads, audit_latents, audit_row_latents
 from harness.check.localize.window_audit import audit_window
 from harness.check.localize.wrong import Wrong
 from harness.engine.attn.bounds import KernelBoundsError, check_kernel_reads
@@ -52,6 +53,7 @@ def localize(p, first) -> Localization:
     kv = KVAudit()
     node = first.node if first.what not in ("stream", "accept") else None
     ev = Evidence(where=_where(first), what=first.what, node=node, kv=kv)
+    latent_seen: set[int] = set()   # requests whose first wrong latent is reported (model_audit)
     for result in engine.rounds():
         replay = engine.graph.last if engine.graph is not None else None
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
@@ -60,6 +62,7 @@ def localize(p, first) -> Localization:
         audit_cache(engine, result, oracle, tol, kv)
         if bad_before is None and kv.first_bad_position is not None:
             ev.wrongs.append(_kv_cache_wrong(kv, result))
+        ev.wrongs += audit_latents(engine, result, oracle, tol, latent_seen)
         ev.canary += list(result.provenance)
         ev.wrongs += audit_round(engine, result, oracle)
         ev.wrongs += audit_window(engine, result)
@@ -136,7 +139,10 @@ def _at_divergence(engine, result, replay, first, oracle, tol, ev: Evidence) -> 
     else:
         ev.num_rows = trees[b].num_rows
         ev.inputs = audit_inputs(vb, trees).get(b)
-    hidden = capture_hidden(engine, result)
+    ev.wrongs += audit_expert_reads(engine, result, result.step, tol)
+    hidden = capture_hidden(engine, result)   # rewrites the round's latents: the row audit reads them
+    if first.what == "node" and not any(w.step == result.step and w.stage == "model" for w in ev.wrongs):
+        ev.wrongs += audit_row_latents(engine, result, oracle, tol, b)
     row = qo[b] + first.node
     ref = None
     if first.what == "node":

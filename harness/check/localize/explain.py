@@ -36,6 +36,8 @@ CATALOG_CLASSES = ("padding-leak", "mask-shift", "batch-mask-layout", "mask-out-
 CATALOG_CLASSES += ("kv-compaction-permuted", "branch-shared-tail")
 # --tp: named by the ranks' agreement audit (harness/engine/tp/audit.py), not by the replay
 CATALOG_CLASSES += ("rank-stale-mask", "rank-kv-indices", "kv-heads-sharded")
+# DeepSeek-V3's layout: named from the latent pool and the experts' reads (localize/model_audit.py)
+CATALOG_CLASSES += ("latent-rope-position", "latent-wrong-slot", "moe-padding-dispatch")
 # what was measured, when no catalog fault leaves that measurement
 MEASURED_CLASSES = ("window-mask",   # the sliding layers' mask breaks the window rule, no single pattern
                     "inverted-mask",  # the mask as the kernel reads it is the complement of the ancestor mask
@@ -121,7 +123,10 @@ HINTS = {("graph", "custom_mask", "captured-causal"): "graph-causal-mask",
          ("accept", "bonus", "cross-check"): "accept-mismatch",
          ("accept", "accepted_rows", "cross-check"): "accept-mismatch",
          ("commit", "req_to_token", "page-permuted"): "kv-compaction-permuted",
-         ("build_verify_batch", "out_cache_loc", "shared-tail"): "branch-shared-tail"}
+         ("build_verify_batch", "out_cache_loc", "shared-tail"): "branch-shared-tail",
+         ("model", "kv_cache", "latent-rope-position"): "latent-rope-position",
+         ("model", "kv_cache", "latent-wrong-slot"): "latent-wrong-slot",
+         ("model", "hidden", "moe-padding-dispatch"): "moe-padding-dispatch"}
 HINTED_CLASSES = frozenset(HINTS.values()) | {"node-order"}
 
 
@@ -134,6 +139,11 @@ def match_catalog(w: Wrong, ev: Evidence) -> str | None:
     if w.stage == "graph" and w.quantity == "kv_indices" and any(x.stage == "graph" and x.quantity == "kv_indptr"
                                                                  and x.step == w.step for x in ev.wrongs):
         return None   # the offsets are wrong too: not a buffer left unrefilled
+    if (w.stage, w.quantity, w.hint) == ("model", "hidden", ""):   # the bisect's node: a same-round model audit
+        named = next((HINTS[k] for x in ev.wrongs if x.step == w.step and x.stage == "model" and x.hint
+                      and (k := ("model", x.quantity, x.hint)) in HINTS), None)  # (model_audit) may name why
+        if named is not None:
+            return named
     # a port that builds its mask inside its verify-input step produces the mask there: same pattern
     in_inputs = w.stage == "build_verify_batch" and w.quantity in ("custom_mask", "mask_indptr")
     stage = "build_mask" if in_inputs else w.stage

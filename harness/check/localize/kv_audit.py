@@ -109,8 +109,9 @@ def _paged_commit(engine, rs, r, step: int, audit: KVAudit) -> None:
 
 def audit_cache(engine, result, oracle, tol: float, audit: KVAudit) -> None:
     """Every committed position's cached K and V against the oracle's
-    (path_kv of the committed tokens); records the first wrong one."""
-    if audit.first_bad_position is not None:
+    (path_kv of the committed tokens); records the first wrong one. A latent
+    pool (MLA) is audited against the oracle's latents instead (model_audit.py)."""
+    if audit.first_bad_position is not None or engine.cfg.mla is not None:
         return
     live = {r.rid: r for r in engine.requests if not r.finished}
     for rs in result.requests:

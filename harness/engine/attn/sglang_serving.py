@@ -70,6 +70,7 @@ VERIFY_INPUTS = {
 
 class SGLangServingBackend(SGLangTritonBackend):
     mask_regions = frozenset({"draft"})  # SGLang's forward_extend keeps skip_prefix_custom_mask at its default
+    runs_mla = False   # its per-head KV layout only (the latent pool: --backend torch or sglang-triton)
     graph_capturable = True
 
     def __init__(self, device: str, dtype: torch.dtype, verify_input: str = "eagle") -> None:

@@ -95,6 +95,7 @@ class SGLangTritonBackend:
     mask_regions = frozenset({"draft"})
     graph_capturable = True
     reads_max_kv_len = False  # the kernel takes no prefix bound: it walks kv_indptr
+    runs_mla = True           # the extend kernel takes K and V of different widths (Lq, Lv), as SGLang's MLA calls it
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         # Natively on CUDA in the run's dtype; on CPU under the interpreter in float32.
@@ -132,7 +133,7 @@ class SGLangTritonBackend:
             check_kernel_reads(meta, q.shape[0], k_buffer.shape[0])
         cd = self.compute_dtype
         q_, k_, v_ = q.to(cd).contiguous(), k.to(cd).contiguous(), v.to(cd).contiguous()
-        o = torch.empty_like(q_)
+        o = q_.new_empty(q_.shape[:-1] + v_.shape[-1:])   # [T, heads, v width]
         args = [q_, k_, v_, o, k_buffer.to(cd), v_buffer.to(cd), meta.qo_indptr, meta.kv_indptr,
                 meta.kv_indices, meta.custom_mask, meta.custom_mask is None, meta.mask_indptr,
                 meta.max_len_extend]

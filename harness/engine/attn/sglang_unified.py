@@ -46,6 +46,7 @@ def available() -> bool:
 class SGLangUnifiedBackend(SGLangTritonBackend):
     name = "sglang-unified"
     mask_regions = frozenset({"prefix", "draft"})   # every column of each request's mask block is read
+    runs_mla = False   # its per-head KV layout only (the latent pool: --backend torch or sglang-triton)
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         super().__init__(device, dtype)

@@ -19,13 +19,14 @@ class TorchBackend:
     graph_capturable = False  # reads indptrs on the host
     reads_max_kv_len = True   # its prefix loop stops at meta.max_kv_len
     probability_dtype = None  # softmax and P @ V in float32 (_attend)
+    runs_mla = True           # K and V of different widths (MLA's absorbed latent: harness/engine/model/mla.py)
 
     def __init__(self, device: str, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
     def forward(self, q, k, v, layer, k_buffer, v_buffer, meta: AttnMetadata,
                 layer_attn: LayerAttention = PLAIN) -> torch.Tensor:
-        out = torch.empty_like(q)
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])   # [T, heads, v width]
         qo, kvp = meta.qo_indptr.tolist(), meta.kv_indptr.tolist()
         for b in range(meta.batch_size):
             rows = slice(qo[b], qo[b + 1])

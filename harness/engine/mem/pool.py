@@ -9,21 +9,21 @@ import torch
 
 from ddschema import ModelConfig
 from harness.engine.mem.allocator import PADDING_SLOT, OutOfSlots
+from harness.engine.mem.latent import kv_buffers
 from harness.engine.mem.paged import make_allocator
 from harness.engine.mem.provenance import SlotProvenance, poison_slots
 
 
 class KVPool:
-    """Per-layer K and V buffers, k_buffer[layer]  # [num_slots, kv_heads, head_dim],
+    """Per-layer K and V buffers, k_buffer[layer]  # [num_slots, kv_heads, head_dim]
+    (MLA: one latent per slot, V a view of K's first kv_lora_rank columns: latent.py),
     with the provenance of every slot (harness/engine/mem/provenance.py). With
     `poison`, free slots hold NaN (every slot but the padding slot at the
     start, each slot again when it is freed)."""
 
     def __init__(self, cfg: ModelConfig, num_slots: int, dtype: torch.dtype, device: str,
                  poison: bool = False, page_size: int = 1) -> None:
-        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        self.k_buffer, self.v_buffer = kv_buffers(cfg, num_slots, dtype, device)
         self.poison = poison
         self.provenance = SlotProvenance(num_slots)
         self.page_size = page_size

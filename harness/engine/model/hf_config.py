@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 
 from ddschema import ModelConfig, RopeScaling
+from harness.engine.model.deepseek_config import ARCHITECTURE as DEEPSEEK_V3, DeepseekConfigError, deepseek_config, \
+    deepseek_to_hf
 from harness.engine.model.gemma3_config import ARCHITECTURE as GEMMA3, Gemma3ConfigError, gemma3_config
 
 
@@ -129,8 +131,16 @@ def config_from_hf(hf: dict) -> ModelConfig:
         except (Gemma3ConfigError, TypeError, ValueError) as e:
             raise ModelLoadError(str(e) if isinstance(e, Gemma3ConfigError)
                                  else f"config.json describes no valid model: {e}") from None
+    if arch == DEEPSEEK_V3:
+        _check_sizes(hf)
+        try:
+            return deepseek_config(hf)
+        except (DeepseekConfigError, TypeError, ValueError) as e:
+            raise ModelLoadError(str(e) if isinstance(e, DeepseekConfigError)
+                                 else f"config.json describes no valid model: {e}") from None
     if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: {', '.join([*SUPPORTED_ARCHS, GEMMA3])}")
+        raise ModelLoadError(f"unsupported architecture {arch!r}; supported: "
+                             f"{', '.join([*SUPPORTED_ARCHS, GEMMA3, DEEPSEEK_V3])}")
     refused = _refusals(hf, arch)
     if refused:
         raise ModelLoadError(f"config.json sets {refused[0]}, which changes the math and is not supported")
@@ -166,6 +176,11 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     config_from_hf reads back as `cfg`)."""
     if cfg.norm_plus_one:
         return gemma3_to_hf(cfg)
+    if cfg.mla is not None:
+        try:
+            return deepseek_to_hf(cfg)
+        except DeepseekConfigError as e:
+            raise ModelLoadError(str(e)) from None
     if cfg.qk_norm:
         arch = "Qwen3ForCausalLM"
     elif cfg.qkv_bias and not cfg.o_bias:

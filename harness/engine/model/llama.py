@@ -5,7 +5,7 @@ Layer: engine. Imports ddschema and harness.verdict; never ports, faults, check,
 workflows or cli."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -13,22 +13,88 @@ import torch.nn.functional as F
 from ddschema import ModelConfig
 from harness.engine.attn.base import AttentionBackend, LayerAttention
 from harness.engine.mem.pool import KVPool
+from harness.engine.model.mla import MlaLayer, mla_rope_frequencies
+from harness.engine.model.moe import MoeLayer
+from harness.engine.model.stages import ModelStages
 from harness.engine.ddtree.verify_inputs import AttnMetadata
+
+
+@dataclass(frozen=True)
+class GqaLayer:
+    """Grouped-query attention with per-head K/V (Llama, Qwen, Mistral, Gemma): the model's own method."""
+
+    layer: int
+
+    @staticmethod
+    def build(model, layer: int) -> "GqaLayer":
+        return GqaLayer(layer)
+
+    def __call__(self, model, x, positions, cos, sin, meta, pool, backend) -> torch.Tensor:
+        return model._attention(self.layer, f"model.layers.{self.layer}.", x, cos, sin, meta, pool, backend)
+
+
+@dataclass(frozen=True)
+class MlaAdapter:
+    """Multi-head latent attention (mla.py); it rotates with its own frequencies, not the layer's cos/sin."""
+
+    mla: MlaLayer
+
+    @staticmethod
+    def build(model, layer: int) -> "MlaAdapter":
+        return MlaAdapter(MlaLayer.build(model, layer))
+
+    def __call__(self, model, x, positions, cos, sin, meta, pool, backend) -> torch.Tensor:
+        return self.mla(model, x, positions, meta, pool, backend)
+
+
+@dataclass(frozen=True)
+class DenseMlp:
+    layer: int
+
+    @staticmethod
+    def build(model, layer: int) -> "DenseMlp":
+        return DenseMlp(layer)
+
+    def __call__(self, model, x, positions, meta) -> torch.Tensor:
+        return model._mlp(f"model.layers.{self.layer}.", x)
+
+
+# attention and MLP kinds by name: (model, layer) -> the layer's callable
+ATTENTIONS = {"gqa": GqaLayer.build, "mla": MlaAdapter.build}
+MLPS = {"dense": DenseMlp.build, "moe": MoeLayer.build}
+
+
+def attention_kind(cfg: ModelConfig) -> str:
+    return "gqa" if cfg.mla is None else "mla"
+
+
+def mlp_kind(cfg: ModelConfig, layer: int) -> str:
+    return "moe" if cfg.moe is not None and cfg.moe.is_moe_layer(layer) else "dense"
 
 
 class LlamaModel:
     """Weights in the run dtype on the run device; `forward` is the verify
     (or prefill) forward of one batch."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: str):
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
+                 stages: ModelStages = ModelStages()):
         self.cfg = cfg
         self.dtype = dtype
+        self.stages = stages
+        self.routing_out = None   # a list: each MoE layer's Routing of each forward is appended (moe.py)
         self.w = {n: t.to(device=device, dtype=dtype) for n, t in weights.items()}
-        self.inv_freq = rope_frequencies(cfg).to(device)  # [head_dim/2] float64
+        # [head_dim/2] float64; MLA rotates only its qk_rope_head_dim part, with YaRN (mla.py)
+        if cfg.mla is None:
+            self.inv_freq, self.mla_mscale = rope_frequencies(cfg).to(device), 1.0
+        else:
+            freq, self.mla_mscale = mla_rope_frequencies(cfg)
+            self.inv_freq = freq.to(device)
         # Gemma 3's sliding layers rotate with their own base and no scaling (rope_local_base_freq)
         self.inv_freq_local = None if cfg.rope_local_theta is None else \
             rope_frequencies(replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)).to(device)
         self.layer_attn = [layer_attention(cfg, weights, i, device) for i in range(cfg.num_layers)]
+        self.attn_layers = [ATTENTIONS[attention_kind(cfg)](self, i) for i in range(cfg.num_layers)]
+        self.mlp_layers = [MLPS[mlp_kind(cfg, i)](self, i) for i in range(cfg.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
                 pool: KVPool, backend: AttentionBackend,
@@ -40,7 +106,7 @@ class LlamaModel:
         h = w["model.embed_tokens.weight"][input_ids]  # [T, hidden]
         if cfg.embed_scale != 1.0:   # Gemma: a Python float, as SGLang's scaled embedding multiplies
             h = h * cfg.embed_scale
-        ropes = {False: self._rope(positions, self.inv_freq)}   # by "is a sliding layer with its own base"
+        ropes = {False: self._rope(positions, self.inv_freq) if cfg.mla is None else (None, None)}   # by "is a sliding layer with its own base"
         if self.inv_freq_local is not None:
             ropes[True] = self._rope(positions, self.inv_freq_local)
         windowed = self._window_meta(meta, positions)
@@ -51,14 +117,15 @@ class LlamaModel:
             layer_meta = meta if cfg.window_of(i) is None else windowed
             cos, sin = ropes[self.inv_freq_local is not None and i in cfg.sliding_layers]
             x = self._norm(h, p + "input_layernorm.weight")
-            attn = self._attention(i, p, x, cos, sin, layer_meta, pool, backend)
+            attn = self.attn_layers[i](self, x, positions, cos, sin, layer_meta, pool, backend)
+            mlp = self.mlp_layers[i]
             if cfg.sandwich_norms:   # Gemma: post_attention_layernorm normalizes the attention's output
                 h = h + self._norm(attn, p + "post_attention_layernorm.weight")
-                h = h + self._norm(self._mlp(p, self._norm(h, p + "pre_feedforward_layernorm.weight")),
+                h = h + self._norm(mlp(self, self._norm(h, p + "pre_feedforward_layernorm.weight"), positions, meta),
                                    p + "post_feedforward_layernorm.weight")
             else:
                 h = h + attn
-                h = h + self._mlp(p, self._norm(h, p + "post_attention_layernorm.weight"))
+                h = h + mlp(self, self._norm(h, p + "post_attention_layernorm.weight"), positions, meta)
             if hidden_out is not None:
                 hidden_out.append(h.float().clone())
         h = self._norm(h, "model.norm.weight")
@@ -116,6 +183,12 @@ class LlamaModel:
         freqs = positions.to(torch.float64)[:, None] * inv_freq[None]  # [T, d/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]  # [T, 1, d]
+
+    def mla_rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """MLA's interleaved-pair cos, sin  # [T, 1, rope/2] with YaRN's magnitude correction."""
+        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None]   # [T, rope/2]
+        return ((freqs.cos() * self.mla_mscale).to(self.dtype)[:, None],
+                (freqs.sin() * self.mla_mscale).to(self.dtype)[:, None])
 
 
 def layer_attention(cfg: ModelConfig, weights: dict[str, torch.Tensor], layer: int, device: str) -> LayerAttention:

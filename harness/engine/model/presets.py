@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from ddschema import ModelConfig, weight_names
+from ddschema import MlaConfig, ModelConfig, MoeConfig, YarnScaling, weight_names, weight_shapes
 from harness.engine.model.hf_config import ModelLoadError, config_from_hf, config_to_hf  # noqa: F401  (re-exported)
 from harness.engine.model.named import named_dir
 
@@ -55,6 +55,35 @@ PRESETS: dict[str, ModelConfig] = {
                                 num_heads=32, num_kv_heads=8, head_dim=64, rope_theta=500000.0),
     "llama-8b-cut": ModelConfig(vocab_size=1024, hidden_size=4096, intermediate_size=14336, num_layers=2,
                                 num_heads=32, num_kv_heads=8, head_dim=128, rope_theta=500000.0),
+    # DeepSeek-V3's layout (DeepseekV3ForCausalLM): MLA with a LoRA query, a dense first layer then a MoE layer
+    # of 8 routed experts in 4 groups (2 groups kept, 2 experts per token), one shared expert, YaRN RoPE whose
+    # original context (64) the prompts plus a verify round cross
+    "tiny-deepseek-v3": ModelConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+        head_dim=24, max_position=256,
+        rope_scaling=YarnScaling(factor=4.0, original_max_position=64, mscale=1.0, mscale_all_dim=1.0),
+        mla=MlaConfig(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=32),
+        moe=MoeConfig(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                      n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1)),
+    # Kimi K2's choices cut down: one expert group (no group limit), more experts per token, its RoPE base and
+    # routed scaling factor, a query without LoRA (DeepSeek-V2-Lite's q_proj), two MoE layers after the dense one
+    "tiny-kimi-k2": ModelConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=3, num_heads=4, num_kv_heads=4,
+        head_dim=24, rope_theta=50000.0, max_position=256,
+        rope_scaling=YarnScaling(factor=32.0, original_max_position=64, mscale=1.0, mscale_all_dim=1.0),
+        mla=MlaConfig(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, q_lora_rank=None),
+        moe=MoeConfig(n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=16, n_shared_experts=1,
+                      n_group=1, topk_group=1, routed_scaling_factor=2.827, first_k_dense_replace=1)),
+    # DeepSeek-V3's full layer widths (hidden 7168, 128 heads, q LoRA 1536, latent 512 + RoPE 64, experts of 2048)
+    # cut to one dense and one MoE layer of 16 experts (8 groups of 2, 4 kept, 8 per token): GPU only
+    "deepseek-v3-cut": ModelConfig(
+        vocab_size=1024, hidden_size=7168, intermediate_size=18432, num_layers=2, num_heads=128,
+        num_kv_heads=128, head_dim=192, max_position=8192,
+        rope_scaling=YarnScaling(factor=40.0, original_max_position=4096, mscale=1.0, mscale_all_dim=1.0),
+        mla=MlaConfig(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                      q_lora_rank=1536),
+        moe=MoeConfig(n_routed_experts=16, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
+                      n_group=8, topk_group=4, routed_scaling_factor=2.5, first_k_dense_replace=1)),
 }
 
 
@@ -74,12 +103,12 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     for name in weight_names(cfg):
         if name.endswith("norm.weight") or "layernorm" in name:   # (1 + w) norms: w near 0, the same scale
             t = (0.0 if cfg.norm_plus_one else 1.0) + 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
-        elif name.endswith(".bias"):
+        elif name.endswith(".bias") or name.endswith("e_score_correction_bias"):
             t = 0.1 * torch.randn(weight_shape(cfg, name), generator=gen)
         elif name.endswith("self_attn.sinks"):   # sink logits near the scores' scale: they take a real share
             t = 1.0 + torch.randn(weight_shape(cfg, name), generator=gen)
         else:
-            shape = _shape(cfg, name)
+            shape = weight_shape(cfg, name)
             t = torch.randn(shape, generator=gen) * (1.0 / shape[1] ** 0.5)
             if name == "model.embed_tokens.weight":
                 t = torch.randn(shape, generator=gen)
@@ -91,6 +120,9 @@ def random_weights(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 def weight_shape(cfg: ModelConfig, name: str) -> tuple[int, ...]:
     """The shape a checkpoint of `cfg` holds under `name` (Hugging Face layout)."""
+    mla_moe = weight_shapes(cfg) if cfg.mla is not None or cfg.moe is not None else {}
+    if name in mla_moe:   # DeepSeek-V3's tensors: the schema's layout
+        return mla_moe[name]
     if name.endswith("norm.weight") or "layernorm" in name:
         return (cfg.head_dim,) if "_norm" in name and "self_attn" in name else (cfg.hidden_size,)
     if name.endswith("self_attn.sinks"):
