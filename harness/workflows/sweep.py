@@ -168,6 +168,17 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
 
 
+def worker_died(job: SettingJob, reasons: tuple[str, ...]) -> SettingResult:
+    """A setting whose worker died every time it ran (killed, out of memory,
+    its node lost): a crash summary, so ddcheck could not judge it (exit 3)."""
+    from harness.check.differential import write_crash_summary
+    writer = RecordWriter(None)
+    write_crash_summary(job.settings, writer, RuntimeError(
+        f"the worker running this setting died {len(reasons)} times: {'; '.join(reasons)}"))
+    summary = json.loads(writer.lines[-1])
+    return SettingResult(job.index, job.settings.command(), summary, None, tuple(writer.lines), 0.0)
+
+
 def gate_expectation(job: SettingJob, summary: dict) -> dict:
     """The gate's expectation of a setting, for its summary record: the fault
     it must catch (expect_fault, expect_class), or the acceptance baseline a
@@ -270,7 +281,7 @@ def run_jobs(jobs: list[SettingJob], n_jobs: int,
     ordered = sorted((j for j in jobs if not reads_checkpoint(j)), key=lambda j: -j.cost)
     try:
         if ordered:
-            runner.run(ordered, done)
+            runner.run(ordered, done, run_job, worker_died)
         run_reading_once(read_once, done)
     except KeyboardInterrupt:
         raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None

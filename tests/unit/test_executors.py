@@ -34,7 +34,7 @@ class _Reversed:
     """An executor that finishes the settings last to first."""
     name = "reversed"
 
-    def run(self, jobs, done):
+    def run(self, jobs, done, task, died):
         for job in reversed(jobs):
             done(SettingResult(job.index, job.settings.command(), {"passed": True}, None, (), 0.0))
 
@@ -69,6 +69,15 @@ def test_reruns_are_counted_in_the_summary_record_and_nothing_else_changes():
     summary = json.loads(again.lines[-1])
     assert summary["reruns"] == 1 and summary["rerun_reasons"] == ["WorkerCrashedError: killed"]
     assert again.summary == summary and again.lines[0] == lines[0] and again.passed
+
+
+def test_a_setting_whose_worker_kept_dying_is_one_ddcheck_could_not_judge():
+    from harness.workflows.sweep import exit_code, unjudged_lines, worker_died
+    job = SettingJob(0, RunSettings(budget=8, backend="torch"))
+    r = worker_died(job, ("WorkerCrashedError: a", "WorkerCrashedError: b", "WorkerCrashedError: c"))
+    assert not r.passed and r.summary["verdict"] == "internal-error" and "died 3 times" in r.summary["error"]
+    assert [json.loads(ln)["kind"] for ln in r.lines] == ["crash", "summary"]
+    assert exit_code([r], True) == 3 and "died 3 times" in unjudged_lines([r])[0]
 
 
 @pytest.mark.skipif(HAS_RAY, reason="Ray is installed here: the missing-extra message cannot show")

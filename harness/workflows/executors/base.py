@@ -6,23 +6,25 @@ Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from harness.engine.settings import UsageError
 
-if TYPE_CHECKING:
-    from harness.workflows.sweep import SettingJob, SettingResult
-
-Done = Callable[["SettingResult"], None]
+# jobs are harness.workflows.sweep.SettingJob, results SettingResult (not imported: the sweep imports this)
+Done = Callable[[Any], None]                     # a result, as it comes back
+Task = Callable[[Any], Any]                      # job -> result: one setting, run where the executor puts it
+Died = Callable[[Any, tuple[str, ...]], Any]     # (job, reasons) -> the result of a setting whose worker kept dying
 
 
 class Executor(Protocol):
-    """Runs settings somewhere; calls `done` once per setting as it finishes
-    (any order); raises KeyboardInterrupt after stopping what still runs."""
+    """Runs `task` on each setting somewhere; calls `done` once per setting
+    as it finishes (any order); raises KeyboardInterrupt after stopping what
+    still runs. The sweep hands in the task and what a lost setting becomes,
+    so that executors know nothing of the check."""
 
     name: str
 
-    def run(self, jobs: list["SettingJob"], done: Done) -> None: ...
+    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None: ...
 
 
 # name -> "module:class", imported only when chosen (ray is an optional extra)

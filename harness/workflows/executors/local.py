@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from harness.workflows.executors.base import Done, ExecutorSpec
+from harness.workflows.executors.base import Died, Done, ExecutorSpec, Task
 
 
 @dataclass(frozen=True)
@@ -28,20 +28,19 @@ class LocalExecutor:
     def from_spec(cls, spec: ExecutorSpec) -> "LocalExecutor":
         return cls(spec.workers)
 
-    def run(self, jobs: list, done: Done) -> None:
-        from harness.workflows.sweep import run_job
+    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None:
+        """`died` is unused: a pool worker's death breaks the pool (BrokenProcessPool), as it always has."""
         if self.workers <= 1 or len(jobs) <= 1:
             for job in jobs:
-                done(run_job(job))
+                done(task(job))
             return
-        _run_pool(jobs, self.workers, done)
+        _run_pool(jobs, self.workers, done, task)
 
 
-def _run_pool(ordered: list, n_jobs: int, done: Done) -> None:
-    from harness.workflows.sweep import run_job
+def _run_pool(ordered: list, n_jobs: int, done: Done, task: Task) -> None:
     pool = ProcessPoolExecutor(min(n_jobs, len(ordered)), mp_context=get_context("spawn"), initializer=_worker_init)
     try:
-        pending = {pool.submit(run_job, j) for j in ordered}
+        pending = {pool.submit(task, j) for j in ordered}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from harness.engine.settings import RunSettings, UsageError
-from harness.workflows.executors.base import Done, ExecutorSpec
+from harness.workflows.executors.base import Died, Done, ExecutorSpec, Task
 
 MAX_RERUNS = 2     # a setting whose worker dies this many times more is reported as one ddcheck could not judge
 ENV_PASSED = ("TRITON_INTERPRET", "DDCHECK_THREADS")   # what a worker must see as the driver does
@@ -59,7 +59,7 @@ def _run_in_worker(task: Callable, job, cpus: int):
 class RayExecutor:
     workers: int = 1
     address: str | None = None     # None: start a local cluster of `workers` CPUs for this run
-    task: Callable | None = None   # what runs one setting (None: harness.workflows.sweep.run_job)
+    task: Callable | None = None   # what runs one setting in place of the sweep's (tests: a worker that dies)
     max_reruns: int = MAX_RERUNS
     name: str = "ray"
 
@@ -72,10 +72,9 @@ class RayExecutor:
         import_ray()   # a missing extra is a usage error before anything runs
         return cls(spec.workers, spec.address)
 
-    def run(self, jobs: list, done: Done) -> None:
+    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None:
         ray = import_ray()
-        from harness.workflows.sweep import run_job
-        task = self.task or run_job
+        task = self.task or task
         started = self._connect(ray)
         remote = ray.remote(_run_in_worker)
         deaths = _worker_deaths(ray)
@@ -134,21 +133,6 @@ def _worker_deaths(ray) -> tuple[type, ...]:
 def _reason(e: BaseException) -> str:
     first = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return f"{type(e).__name__}: {first}"[:300]
-
-
-def died(job, reasons: tuple[str, ...]):
-    """The result of a setting whose worker died every time: a crash summary
-    (ddcheck could not judge it: exit 3), as one raised inside the check would be."""
-    import time
-    from harness.check.differential import write_crash_summary
-    from harness.check.records import RecordWriter
-    from harness.workflows.sweep import SettingResult
-    writer = RecordWriter(None)
-    write_crash_summary(job.settings, writer,
-                        RuntimeError(f"the Ray worker running this setting died {len(reasons)} times"))
-    records = [json.loads(ln) for ln in writer.lines]
-    summary = next(r for r in reversed(records) if r["kind"] == "summary")
-    return SettingResult(job.index, job.settings.command(), summary, None, tuple(writer.lines), 0.0)
 
 
 def with_reruns(result, reasons: tuple[str, ...]):
