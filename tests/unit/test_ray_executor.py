@@ -14,7 +14,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install '
 from harness.workflows.cases import load_case  # noqa: E402
 from harness.workflows.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.workflows.gate import plan  # noqa: E402
-from harness.workflows.sweep import on_device, run_job  # noqa: E402
+from harness.workflows.sweep import on_device, run_job, worker_died  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "tests/fixtures/cases/ray_small.toml"
@@ -82,7 +82,7 @@ def test_a_dead_worker_reruns_its_setting_and_the_summary_counts_it(tmp_path):
         return run_job(job)
 
     got = {}
-    RayExecutor(workers=2, task=die_once).run(jobs, lambda r: got.setdefault(r.index, r))
+    RayExecutor(workers=2).run(jobs, lambda r: got.setdefault(r.index, r), die_once, worker_died)
     assert sorted(got) == [0, 1] and os.path.exists(marker)
     rerun = got[0].summary
     assert rerun["reruns"] == 1 and rerun["rerun_reasons"][0].startswith("WorkerCrashedError")

@@ -59,7 +59,6 @@ def _run_in_worker(task: Callable, job, cpus: int):
 class RayExecutor:
     workers: int = 1
     address: str | None = None     # None: start a local cluster of `workers` CPUs for this run
-    task: Callable | None = None   # what runs one setting in place of the sweep's (tests: a worker that dies)
     max_reruns: int = MAX_RERUNS
     name: str = "ray"
 
@@ -74,7 +73,6 @@ class RayExecutor:
 
     def run(self, jobs: list, done: Done, task: Task, died: Died) -> None:
         ray = import_ray()
-        task = self.task or task
         started = self._connect(ray)
         remote = ray.remote(_run_in_worker)
         deaths = _worker_deaths(ray)
