@@ -72,19 +72,25 @@ def test_gate_on_ray_gives_the_pools_records_junit_and_html(tmp_path):
 
 
 def test_a_dead_worker_reruns_its_setting_and_the_summary_counts_it(tmp_path):
+    """Setting 0's worker dies once: rerun, it passes, its summary counts the
+    rerun. Setting 1's worker dies every time: after its one rerun it is unjudged."""
     jobs = on_device(plan([load_case(CASE)]), "cpu")[:2]
     marker = str(tmp_path / "died-once")
 
-    def die_once(job):   # the first worker to run setting 0 dies as a killed process does
-        if job.index == 0 and not os.path.exists(marker):
+    def dying(job):   # a worker dying as a killed process does
+        if job.index == 1:
+            os._exit(1)
+        if not os.path.exists(marker):
             open(marker, "w").close()
             os._exit(1)
         return run_job(job)
 
     got = {}
-    RayExecutor(workers=2).run(jobs, lambda r: got.setdefault(r.index, r), die_once, worker_died)
-    assert sorted(got) == [0, 1] and os.path.exists(marker)
+    RayExecutor(workers=2, max_reruns=1).run(jobs, lambda r: got.setdefault(r.index, r), dying, worker_died)
+    assert sorted(got) == [0, 1]
     rerun = got[0].summary
     assert rerun["reruns"] == 1 and rerun["rerun_reasons"][0].startswith("WorkerCrashedError")
     assert got[0].passed and json.loads(got[0].lines[-1]) == rerun   # the record the JSONL gets says so too
-    assert "reruns" not in got[1].summary
+    lost = got[1].summary
+    assert lost["reruns"] == 1 and len(lost["rerun_reasons"]) == 2   # one rerun, two deaths
+    assert not got[1].passed and lost["verdict"] == "internal-error" and "died 2 times" in lost["error"]

@@ -95,7 +95,7 @@ class RayExecutor:
                         pending[submit(job)] = (job, reasons)
                         continue
                     result = died(job, reasons)
-                done(with_reruns(result, reasons))
+                done(with_reruns(result, reasons, reruns=min(len(reasons), self.max_reruns)))
         except KeyboardInterrupt:   # stop what runs; the finished settings are the caller's
             for ref in pending:
                 ray.cancel(ref, force=True)
@@ -133,8 +133,10 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}"[:300]
 
 
-def with_reruns(result, reasons: tuple[str, ...]):
-    """The result with its summary record counting the reruns (unchanged when none)."""
+def with_reruns(result, reasons: tuple[str, ...], reruns: int | None = None):
+    """The result with its summary record counting the reruns (`reruns`, by
+    default one per death) and each worker death's reason (unchanged when no
+    worker died)."""
     if not reasons:
         return result
     lines = list(result.lines)
@@ -142,6 +144,7 @@ def with_reruns(result, reasons: tuple[str, ...]):
     if not ats:   # a usage error: no records to count them in
         return result
     at = ats[-1]
-    summary = {**json.loads(lines[at]), "reruns": len(reasons), "rerun_reasons": list(reasons)}
+    summary = {**json.loads(lines[at]), "reruns": len(reasons) if reruns is None else reruns,
+               "rerun_reasons": list(reasons)}
     lines[at] = json.dumps(summary, allow_nan=False)
     return replace(result, summary=summary, lines=tuple(lines))
