@@ -54,11 +54,10 @@ def test_a_setting_holds_a_gpu_on_cuda_and_a_tp_groups_devices_together():
     cuda = resources_for(RunSettings(device="cuda"))
     assert (cuda.num_cpus, cuda.num_gpus) == (1, 1)
 
-    class TwoRanks:   # a setting with a tp axis (duck-typed: RunSettings gains `tp` with tensor parallelism)
-        device, tp = "cuda", 2
-    assert resources_for(TwoRanks()).num_gpus == 2
-    TwoRanks.device = "cpu"
-    assert (resources_for(TwoRanks()).num_cpus, resources_for(TwoRanks()).num_gpus) == (2, 0)
+    tp2 = resources_for(RunSettings(device="cuda", tp=2, cuda_graph=False))
+    assert (tp2.num_cpus, tp2.num_gpus) == (1, 2)   # a TP group's GPUs in one task: on one node, together
+    tp2_cpu = resources_for(RunSettings(device="cpu", tp=2, cuda_graph=False))
+    assert (tp2_cpu.num_cpus, tp2_cpu.num_gpus) == (2, 0)   # a gloo rank per CPU
 
 
 def test_reruns_are_counted_in_the_summary_record_and_nothing_else_changes():

@@ -44,7 +44,7 @@ class TaskResources:
 
 def resources_for(s: RunSettings) -> TaskResources:
     """One rank per device: a setting with tp N holds N GPUs on cuda, N CPUs on the CPU."""
-    ranks = int(getattr(s, "tp", 1) or 1)   # the tp axis, where the settings carry one
+    ranks = s.tp   # tensor-parallel ranks (harness/engine/tp): one device each, held together
     on_gpu = s.device.startswith("cuda")
     return TaskResources(num_cpus=1 if on_gpu else ranks, num_gpus=ranks if on_gpu else 0)
 
