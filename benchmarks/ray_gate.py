@@ -45,7 +45,7 @@ def gate(case: str, device: str, work: Path, name: str, flags: list[str]) -> dic
     verdicts = [(v["name"], v["passed"], v["skipped"]) for c in json.loads(js.read_text())["cases"]
                 for v in c["verdicts"]]
     records = [_same_run_to_run(json.loads(ln)) for ln in out.read_text().splitlines()]
-    return {"name": name, "command": " ".join(["ddcheck", *cmd[3:]]), "exit": proc.returncode,
+    return {"name": name, "command": " ".join(["ddcheck", *cmd[3:]]).replace(str(work), "$WORK"), "exit": proc.returncode,
             "wall_s": round(wall, 1), "verdicts": verdicts, "records": records,
             "junit": re.sub(r' (time|timestamp)="[^"]*"', "", junit.read_text()),
             "last_line": proc.stdout.strip().splitlines()[-1]}
@@ -64,10 +64,16 @@ def main() -> None:
         pool = gate(a.case, a.device, work, "pool", ["--jobs", str(a.pool_jobs)])
         runs = [pool] + [gate(a.case, a.device, work, f"ray-{n}", ["--executor", "ray", "--workers", str(n)])
                          for n in map(int, a.workers.split(","))]
+    for r in runs[1:]:   # what differs from the pool, first record only (keys), for the table's reader
+        diff = next(((i, sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k)))
+                     for i, (x, y) in enumerate(zip(pool["records"], r["records"])) if x != y), None)
+        r["first_record_diff"] = diff and {"line": diff[0], "kind": pool["records"][diff[0]].get("kind"),
+                                           "keys": diff[1]}
     rows = [{"executor": r["name"], "wall_s": r["wall_s"], "exit": r["exit"], "settings": len(r["verdicts"]),
              "failing": sum(not p for _, p, _ in r["verdicts"]),
              "same_verdicts": r["verdicts"] == pool["verdicts"], "same_records": r["records"] == pool["records"],
-             "same_junit": r["junit"] == pool["junit"], "command": r["command"], "last_line": r["last_line"]}
+             "same_junit": r["junit"] == pool["junit"], "command": r["command"], "last_line": r["last_line"],
+             "first_record_diff": r.get("first_record_diff")}
             for r in runs]
     print(f"{'executor':10} {'wall s':>7} {'exit':>4} {'settings':>8} {'failing':>7}  same verdicts/records/junit")
     for r in rows:
