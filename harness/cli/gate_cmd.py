@@ -35,7 +35,11 @@ def cases(directory: Path = typer.Option(Path("cases"), help="where the case fil
 def gate(
     case_files: Optional[List[Path]] = typer.Argument(None, metavar="[CASE]...", help="case files (default cases/gate.toml)"),
     fault: Optional[str] = typer.Option(None, help="switch a fault on over every matrix setting where it can show"),
-    jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
+    jobs: int = typer.Option(0, "--jobs", "--workers", help="settings at once: worker processes, or a local Ray "
+                             "cluster's CPUs (default: one per core)"),
+    executor: str = typer.Option("local", help="where settings run: local (a process pool) or ray"),
+    ray_address: Optional[str] = typer.Option(None, help="with --executor ray: an existing cluster (default: "
+                                              "a local one)"),
     junit: Optional[Path] = typer.Option(None, help="write JUnit XML (one testcase per setting and expected fault)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write a JSON summary"),
     out: Path = typer.Option(Path("reports/gate.jsonl"), help="the records of every setting"),
@@ -46,7 +50,7 @@ def gate(
 ) -> None:
     """Run the cases: exit 0 all pass, 1 a divergence or an expected fault not caught, 2 usage/environment."""
     from harness.workflows.cases import DEFAULT_CASE, load_case
-    from harness.cli.sweep_cmd import pick_case_device, print_results, run_or_exit
+    from harness.cli.sweep_cmd import executor_spec, pick_case_device, print_results, run_or_exit
     from harness.workflows.gate import ci_line, gate_line, json_summary, judge, junit_xml, plan
     from harness.faults.registry import catalog
     from harness.workflows.sweep import (default_jobs, exit_code, job_inputs, on_device, port_error_lines,
@@ -55,6 +59,7 @@ def gate(
     try:
         check_outputs(out=out, junit=junit, json=json_out, html=html)
         check_jobs(jobs)
+        spec = executor_spec(executor, jobs, ray_address)
         if fault is not None and fault not in catalog():
             raise UsageError(f"unknown fault {fault!r}; `ddcheck faults` lists them")
         on = pick_case_device(device)
@@ -67,7 +72,7 @@ def gate(
         fail_usage(e)
     with OutputClaim("gate", len(job_list), out=out, junit=junit, json=json_out, html=html) as claim:
         take_or_fail(claim)
-        results = run_or_exit(job_list, jobs or default_jobs(), "gate", out)
+        results = run_or_exit(job_list, jobs or default_jobs(), "gate", out, spec)
         wall = time.perf_counter() - t0
         verdicts = judge(job_list, results)
         write_jsonl(results, out)

@@ -21,6 +21,7 @@ from harness.cli.common import (USAGE_ERRORS, check_jobs, check_outputs, fail_us
 from harness.check.outputs import OutputClaim, RecordStream, check_not_inputs
 from harness.engine.settings import RunSettings, UsageError
 from harness.report.model import describe_first
+from harness.workflows.executors import ExecutorSpec, make_executor
 from harness.workflows.sweep import (SettingJob, SettingResult, default_jobs, job_inputs, run_jobs, short_label, summary_frame,
                            validate, unjudged_lines, verdict, with_impls, write_jsonl,
                            exit_code, port_error_lines)
@@ -46,7 +47,7 @@ def parse_list(flag: str, raw: str, kind) -> tuple:
 
 
 def run_with_progress(jobs: list[SettingJob], n_jobs: int, title: str,
-                      stream: RecordStream | None = None) -> list[SettingResult]:
+                      stream: RecordStream | None = None, executor: ExecutorSpec | None = None) -> list[SettingResult]:
     """Run the jobs; a progress bar and one line per finished setting on
     stderr, each finished setting's records appended to `stream` at once."""
     console = Console(stderr=True)
@@ -62,7 +63,7 @@ def run_with_progress(jobs: list[SettingJob], n_jobs: int, title: str,
                               f"({r.wall_s:.1f} s)",
                               highlight=False, markup=True, soft_wrap=True)
             bar.advance(task)
-        return run_jobs(jobs, n_jobs, done)
+        return run_jobs(jobs, n_jobs, done, executor=executor)
 
 
 def one_line(text: str) -> str:
@@ -140,7 +141,8 @@ def leave_after_interrupt(code: int, grace_s: float = 10.0) -> NoReturn:
     raise typer.Exit(code)
 
 
-def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | None = None) -> list[SettingResult]:
+def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | None = None,
+                executor: ExecutorSpec | None = None) -> list[SettingResult]:
     """Run every setting, each one's records appended to `out` as it finishes
     (after the `started` placeholder OutputClaim wrote: a run killed after N
     settings leaves their N summaries, in a file a report shows incomplete);
@@ -151,7 +153,7 @@ def run_or_exit(jobs: list[SettingJob], n_jobs: int, title: str, out: Path | Non
     from harness.workflows.sweep import Interrupted
     stream = RecordStream(out)
     try:
-        results = run_with_progress(jobs, n_jobs, title, stream)
+        results = run_with_progress(jobs, n_jobs, title, stream, executor)
     except Interrupted as e:
         stream.close()
         if out is not None:
@@ -192,7 +194,11 @@ def sweep(
     drafter: str = typer.Option(CASE_OWNED["drafter"], help="noisy, self or auto (as in run)"),
     draft_layers: Optional[int] = typer.Option(CASE_OWNED["draft_layers"], help="the self-draft's k (as in run)"),
     device: str = typer.Option("auto", help="auto, cpu or cuda (with --case: applied to every setting)"),
-    jobs: int = typer.Option(0, help="worker processes (default: one per core)"),
+    jobs: int = typer.Option(0, "--jobs", "--workers", help="settings at once: worker processes, or a local Ray "
+                             "cluster's CPUs (default: one per core)"),
+    executor: str = typer.Option("local", help="where settings run: local (a process pool) or ray"),
+    ray_address: Optional[str] = typer.Option(None, help="with --executor ray: an existing cluster (default: "
+                                              "a local one)"),
     out: Path = typer.Option(Path("reports/sweep.jsonl"), help="one JSONL for the whole sweep"),
     html: Optional[Path] = typer.Option(None, help="also write a self-contained HTML report"),
     impl: Optional[List[str]] = typer.Option(None, help="a port under test, FAMILY:PATH (repeatable: an axis)"),
@@ -202,6 +208,7 @@ def sweep(
     try:
         check_outputs(out=out, html=html)
         check_jobs(jobs)
+        spec = executor_spec(executor, jobs, ray_address)
         matrix_flags = {"budget": budget, "topk": topk, "cuda_graph": cuda_graph, "backend": backend,
                         "batch": batch, "dtype": dtype, "sliding_window": sliding_window, "page_size": page_size,
                         "tp": tp}
@@ -218,7 +225,7 @@ def sweep(
         fail_usage(e)
     with OutputClaim("sweep", len(job_list), out=out, html=html) as claim:
         take_or_fail(claim)
-        results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out)
+        results = run_or_exit(job_list, jobs or default_jobs(), "sweep", out, spec)
         write_jsonl(results, out)
         print_results(job_list, results, "sweep", records=out)
         if html:
@@ -232,6 +239,14 @@ def sweep(
     state = "UNJUDGED" if unjudged else "PORT ERROR" if port_errors else "PASS" if not failing else "FAIL"
     typer.echo(f"sweep: {state}: {len(results)} settings, {failing} failing; records {out}")
     raise typer.Exit(exit_code(results, failing > 0))
+
+
+def executor_spec(name: str, jobs: int, ray_address: str | None) -> ExecutorSpec:
+    """--executor, --workers/--jobs and --ray-address as a spec; a usage error
+    (exit 2, before anything runs) when the executor's package is missing."""
+    spec = ExecutorSpec(name, jobs or default_jobs(), ray_address)
+    make_executor(spec)
+    return spec
 
 
 def _flag(name: str) -> str:

@@ -1,6 +1,7 @@
-"""Many settings, each one independent `check`, spread over a process pool.
+"""Many settings, each one independent `check`, spread over an executor
+(harness/workflows/executors: the local process pool by default, or Ray).
 
-Workers are spawned (not forked) so that each starts clean; on a machine
+Workers start clean (spawned processes, Ray workers); on a machine
 without CUDA the parent sets TRITON_INTERPRET=1 before spawning, so every
 worker imports triton (SGLang's kernels, the acceptance cross-check) under
 the interpreter. Each worker returns its setting's JSONL lines; the parent
@@ -13,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
 from harness.check.records import RecordWriter
 from harness.report.model import expected_fault_caught
+from harness.workflows.executors.base import ExecutorSpec, make_executor
 from harness.engine.settings import DEFAULT_PROMPTS, NotRunnableHere, PromptSpec, RunSettings, UsageError
 
 
@@ -168,6 +168,17 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
 
 
+def worker_died(job: SettingJob, reasons: tuple[str, ...]) -> SettingResult:
+    """A setting whose worker died every time it ran (killed, out of memory,
+    its node lost): a crash summary, so ddcheck could not judge it (exit 3)."""
+    from harness.check.differential import write_crash_summary
+    writer = RecordWriter(None)
+    write_crash_summary(job.settings, writer, RuntimeError(
+        f"the worker running this setting died {len(reasons)} times: {'; '.join(reasons)}"))
+    summary = json.loads(writer.lines[-1])
+    return SettingResult(job.index, job.settings.command(), summary, None, tuple(writer.lines), 0.0)
+
+
 def gate_expectation(job: SettingJob, summary: dict) -> dict:
     """The gate's expectation of a setting, for its summary record: the fault
     it must catch (expect_fault, expect_class), or the acceptance baseline a
@@ -188,27 +199,6 @@ class Interrupted(Exception):
     def __init__(self, finished: list[SettingResult], total: int) -> None:
         super().__init__(f"interrupted after {len(finished)} of {total} settings")
         self.finished, self.total = finished, total
-
-
-def _worker_init() -> None:
-    _die_with_parent()        # first: importing torch takes seconds on a loaded machine
-    import torch
-    torch.set_num_threads(1)  # one setting per core; intra-op threads would oversubscribe
-
-
-def _die_with_parent() -> None:
-    """A worker gets SIGKILL when the sweep's process dies, however it dies
-    (kill -9 included), instead of running on as an orphan (Linux prctl)."""
-    import ctypes
-    import signal
-    import sys
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-        except OSError:
-            return
-        if os.getppid() == 1:   # the parent died before the signal was armed
-            os._exit(1)
 
 
 def prepare_environment() -> None:
@@ -272,8 +262,12 @@ def default_jobs() -> int:
 
 
 def run_jobs(jobs: list[SettingJob], n_jobs: int,
-             on_done: Callable[[SettingJob, SettingResult], None] | None = None) -> list[SettingResult]:
-    """Run every job (in a spawned process pool when n_jobs > 1); results in job order."""
+             on_done: Callable[[SettingJob, SettingResult], None] | None = None,
+             executor: ExecutorSpec | None = None) -> list[SettingResult]:
+    """Run every job on `executor` (default: the local process pool of n_jobs
+    workers, this process for one); results in job order."""
+    spec = executor or ExecutorSpec("local", max(1, n_jobs))
+    runner = make_executor(spec)   # before anything runs: a missing optional package is a usage error
     prepare_environment()
     by_index = {j.index: j for j in jobs}
     results: dict[int, SettingResult] = {}
@@ -286,11 +280,8 @@ def run_jobs(jobs: list[SettingJob], n_jobs: int,
     read_once = [j for j in jobs if reads_checkpoint(j)]
     ordered = sorted((j for j in jobs if not reads_checkpoint(j)), key=lambda j: -j.cost)
     try:
-        if n_jobs <= 1 or len(ordered) <= 1:
-            for job in ordered:
-                done(run_job(job))
-        else:
-            _run_pool(ordered, n_jobs, done)
+        if ordered:
+            runner.run(ordered, done, run_job, worker_died)
         run_reading_once(read_once, done)
     except KeyboardInterrupt:
         raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None
@@ -314,22 +305,6 @@ def run_reading_once(jobs: list[SettingJob], done) -> None:
     for job in sorted(jobs, key=lambda j: (repr(load_key(j.settings)), -j.cost)):
         done(run_job(job, loads))
     loads.loaded = None
-
-
-def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:
-    pool = ProcessPoolExecutor(min(n_jobs, len(ordered)), mp_context=get_context("spawn"), initializer=_worker_init)
-    try:
-        pending = {pool.submit(run_job, j) for j in ordered}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                done(f.result())
-    except KeyboardInterrupt:   # cancel what has not started; the running workers are stopped
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
 
 
 def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:

@@ -149,7 +149,7 @@ def test_device_flag_reaches_every_job_of_a_case(tmp_path, monkeypatch, command)
     from harness.cli import app
     seen = []
 
-    def fake_run(jobs, n_jobs, on_done=None):
+    def fake_run(jobs, n_jobs, on_done=None, executor=None):
         seen.extend(jobs)
         return [SettingResult(j.index, j.settings.command(), {"passed": True}, None, (), 0.0) for j in jobs]
 
