@@ -89,8 +89,13 @@ def run_gate(tree: Path, jobs: int) -> dict:
 
 
 def judge(m: dict) -> tuple[bool, bool]:
-    """(caught: diverged, not crashed; named: the summary's stage is the case's)"""
-    return m["targeted"]["diverged"], m["targeted"]["stage"] == STAGE_WORDS.get(m["stage"], m["stage"])
+    """(caught: diverged, or for a case whose quantity is "crash" (the engine's process dies, a shape error
+    inside the graph runner) a failing verdict that names the crash's stage; named: the summary's stage is
+    the case's)"""
+    t = m["targeted"]
+    named = t["stage"] == STAGE_WORDS.get(m["stage"], m["stage"])
+    crash_named = m["quantity"] == "crash" and t["crash"] and t["exit"] == 1 and named
+    return t["diverged"] or crash_named, named
 
 
 def run_case(m: dict, gate: bool, jobs: int) -> dict:

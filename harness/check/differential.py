@@ -490,6 +490,18 @@ def _crashed_inputs(p: Prepared, summary: CheckSummary) -> None:
         summary.stage, summary.quantity = STAGE_WORDS[w.stage], w.quantity
         summary.explanation = (f"First wrong quantity: {w.quantity}, produced by the {summary.stage} stage, at step "
                                f"{w.step}: {w.text}; then {summary.explanation}")
+    elif summary.crash is not None:   # inputs by the rules: the stage whose code raised is named
+        _name_crash_stage(summary)
+
+
+def _name_crash_stage(summary: CheckSummary) -> None:
+    from harness.check.crash import Crash, crash_stage
+    c = summary.crash
+    stage = crash_stage(Crash(c["side"], c["where"], c["where"], c["error"], c["step"], ""))
+    if stage is not None:
+        summary.stage, summary.quantity = stage, "crash"
+        summary.explanation = f"The {stage} stage crashed (its code raised; the verify inputs it was handed " \
+                              f"break no rule): {summary.explanation}"
 
 
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
