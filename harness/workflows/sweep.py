@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
@@ -317,19 +315,9 @@ def run_reading_once(jobs: list[SettingJob], done) -> None:
 
 
 def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:
-    pool = ProcessPoolExecutor(min(n_jobs, len(ordered)), mp_context=get_context("spawn"), initializer=_worker_init)
-    try:
-        pending = {pool.submit(run_job, j) for j in ordered}
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in finished:
-                done(f.result())
-    except KeyboardInterrupt:   # cancel what has not started; the running workers are stopped
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    """A shared pool of workers; a setting whose worker dies is that setting's verdict (worker_deaths.py)."""
+    from harness.workflows.worker_deaths import run_pool_surviving_deaths
+    run_pool_surviving_deaths(ordered, n_jobs, run_job, done, _worker_init)
 
 
 def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:
