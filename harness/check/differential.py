@@ -504,6 +504,24 @@ def _name_crash_stage(summary: CheckSummary) -> None:
                               f"break no rule): {summary.explanation}"
 
 
+def _drift_by_replacement(p: Prepared, summary: CheckSummary) -> None:
+    """A run-level drift, its stage proven by replacement: the attention backend's, when a float64 softmax of
+    the same inputs in its place takes the drift away (harness/check/localize/replace.py)."""
+    from harness.check.localize.replace import replace_attention
+    if p.rule is None or summary.noise_drift is None:
+        return
+    try:
+        r = replace_attention(p, summary.noise_drift, p.rule.drift_limit)
+    except Exception as e:  # noqa: BLE001  (the drift verdict stands without it)
+        summary.notes.append(f"attention replacement failed: {attribute(e).sentence()}")
+        return
+    if r is None:
+        return
+    summary.explanation = f"{summary.explanation}; {r.sentence()}"
+    if r.cause:
+        summary.fault_class, summary.stage, summary.quantity = "attention-arithmetic", "attention", "attention_output"
+
+
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     """Name the first divergence: a `localize` record and the summary's explanation."""
     from harness.check.localize import localize
@@ -511,6 +529,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     if first.what == "drift":  # every node, not one row: nothing for the tree localizer to bisect
         summary.fault_class, summary.explanation = "model-arithmetic", first.detail
         summary.stage, summary.quantity = "model forward", "logits"
+        _drift_by_replacement(p, summary)
         return
     if first.what in ("tree", "crash") or first.what in RANK_CLASSES:  # decided before the verify forward
         summary.fault_class, summary.explanation = first.what, first.detail
