@@ -93,7 +93,7 @@ def judge(m: dict) -> tuple[bool, bool]:
     inside the graph runner) a failing verdict that names the crash's stage; named: the summary's stage is
     the case's)"""
     t = m["targeted"]
-    named = t["stage"] == STAGE_WORDS.get(m["stage"], m["stage"])
+    named = (t["stage"] or "").startswith(STAGE_WORDS.get(m["stage"], m["stage"]))   # the drift says "model forward"
     crash_named = m["quantity"] == "crash" and t["crash"] and t["exit"] == 1 and named
     return t["diverged"] or crash_named, named
 
