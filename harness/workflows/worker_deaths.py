@@ -1,12 +1,11 @@
 """A sweep or gate survives a setting whose process dies (a kernel call that
-kills it: signal 11 or 6, nothing to catch). Settings run in a shared pool of
-workers; when a worker dies the pool breaks and every setting it had not
-finished fails with it. Those settings then run again each in a lane of its
-own (a one-worker pool, its Python stack dumped by the fault handler on a
-fatal signal): a lane whose worker dies is that setting's verdict, a crash
-attributed from the dump to the side whose frame is innermost and named by
-the stage of the engine's file (harness/check/crash.py); the others finish
-as they would have. The settings not yet started go back to a fresh pool.
+kills it: signal 11 or 6, nothing to catch). Settings run in lanes: each lane
+is a one-worker process pool that runs one setting at a time, its Python
+stack dumped by the fault handler on a fatal signal. A lane whose worker
+dies is that setting's verdict (a crash attributed from the dump to the side
+whose frame is innermost, named by the stage of the engine's file,
+harness/check/crash.py); the lane gets a fresh worker and goes on with the
+next setting, and every other lane is untouched.
 
 Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
@@ -17,7 +16,7 @@ import os
 import re
 import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Callable
@@ -28,57 +27,46 @@ VERDICTS = {"engine": "diverge", "oracle": "oracle-crash", "ddcheck": "internal-
 
 def run_pool_surviving_deaths(ordered: list, n_jobs: int, run: Callable, done: Callable,
                               initializer: Callable | None = None) -> None:
-    """run(job) -> SettingResult for every job, `done` called with each; a dead worker costs only its setting."""
-    pending = list(ordered)
-    while pending:
-        broken = _run_shared(pending, n_jobs, run, done, initializer)
-        if not broken:
-            return
-        # the settings the broken pool had in flight run alone; the rest wait for the next shared pool
-        alone, pending = broken[:n_jobs + 1], broken[n_jobs + 1:]
-        with ThreadPoolExecutor(min(n_jobs, len(alone))) as lanes:
-            for r in lanes.map(lambda j: run_alone(j, run, initializer), alone):
-                done(r)
+    """run(job) -> SettingResult for every job in order of start, `done` called with each as it ends; a dead
+    worker costs only its own setting."""
+    queue = list(ordered)
+    lane = lambda: ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=initializer)  # noqa: E731
+    lanes = [lane() for _ in range(min(n_jobs, len(queue)))]
+    running: dict = {}   # future -> (lane index, job, dump file, start time)
 
+    def start(i: int) -> None:
+        job = queue.pop(0)
+        with tempfile.NamedTemporaryFile("w", prefix="ddcheck-lane-", suffix=".dump", delete=False) as f:
+            dump = f.name
+        running[lanes[i].submit(_with_fault_dump, run, job, dump)] = (i, job, dump, time.perf_counter())
 
-def _run_shared(jobs: list, n_jobs: int, run, done, initializer) -> list:
-    """The jobs a broken pool did not finish, in submission order ([] when none broke it)."""
-    pool = ProcessPoolExecutor(min(n_jobs, len(jobs)), mp_context=get_context("spawn"), initializer=initializer)
-    futures = {pool.submit(run, j): j for j in jobs}
-    broken = []
     try:
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for i in range(len(lanes)):
+            start(i)
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for f in finished:
+                i, job, dump, t0 = running.pop(f)
                 try:
-                    done(f.result())
-                except BrokenProcessPool:
-                    broken.append(futures[f])
+                    result = f.result()
+                except BrokenProcessPool:   # the lane's one worker died running this job
+                    with open(dump) as d:
+                        result = died_result(job, d.read(), time.perf_counter() - t0)
+                    lanes[i].shutdown(wait=False)
+                    lanes[i] = lane()
+                finally:
+                    os.unlink(dump)
+                done(result)
+                if queue:
+                    start(i)
     except KeyboardInterrupt:   # cancel what has not started; the running workers are stopped
-        for proc in list(getattr(pool, "_processes", {}).values()):
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        for pool in lanes:
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
         raise
-    pool.shutdown()
-    order = {id(j): i for i, j in enumerate(jobs)}
-    return sorted(broken, key=lambda j: order[id(j)])
-
-
-def run_alone(job, run, initializer=None):
-    """The job in a one-worker pool of its own; a worker that dies is the job's verdict (died_result)."""
-    with tempfile.NamedTemporaryFile("w+", prefix="ddcheck-lane-", suffix=".dump", delete=False) as f:
-        dump = f.name
-    pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=initializer)
-    t0 = time.perf_counter()
-    try:
-        return pool.submit(_with_fault_dump, run, job, dump).result()
-    except BrokenProcessPool:
-        with open(dump) as f:
-            return died_result(job, f.read(), time.perf_counter() - t0)
-    finally:
+    for pool in lanes:
         pool.shutdown()
-        os.unlink(dump)
 
 
 def _with_fault_dump(run, job, dump: str):
