@@ -511,7 +511,7 @@ def _drift_by_replacement(p: Prepared, summary: CheckSummary) -> None:
     if p.rule is None or summary.noise_drift is None:
         return
     try:
-        r = replace_attention(p, summary.noise_drift, p.rule.drift_limit)
+        r = replace_attention(p, summary.noise_drift, p.rule.drift_limit, check)
     except Exception as e:  # noqa: BLE001  (the drift verdict stands without it)
         summary.notes.append(f"attention replacement failed: {attribute(e).sentence()}")
         return

@@ -317,7 +317,11 @@ def run_reading_once(jobs: list[SettingJob], done) -> None:
 def _run_pool(ordered: list[SettingJob], n_jobs: int, done) -> None:
     """A shared pool of workers; a setting whose worker dies is that setting's verdict (worker_deaths.py)."""
     from harness.workflows.worker_deaths import run_pool_surviving_deaths
-    run_pool_surviving_deaths(ordered, n_jobs, run_job, done, _worker_init)
+    run_pool_surviving_deaths(ordered, n_jobs, run_job, done, _died, _worker_init)
+
+
+def _died(index: int, setting: str, summary: dict, lines: tuple[str, ...], wall_s: float) -> SettingResult:
+    return SettingResult(index, setting, summary, None, lines, wall_s)
 
 
 def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:

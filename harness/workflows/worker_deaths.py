@@ -25,10 +25,10 @@ FRAME = re.compile(r'File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
 VERDICTS = {"engine": "diverge", "oracle": "oracle-crash", "ddcheck": "internal-error"}
 
 
-def run_pool_surviving_deaths(ordered: list, n_jobs: int, run: Callable, done: Callable,
+def run_pool_surviving_deaths(ordered: list, n_jobs: int, run: Callable, done: Callable, make_result: Callable,
                               initializer: Callable | None = None) -> None:
     """run(job) -> SettingResult for every job in order of start, `done` called with each as it ends; a dead
-    worker costs only its own setting."""
+    worker costs only its own setting, whose result make_result(index, setting, summary, lines, wall_s) builds."""
     queue = list(ordered)
     lane = lambda: ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=initializer)  # noqa: E731
     lanes = [lane() for _ in range(min(n_jobs, len(queue)))]
@@ -51,7 +51,7 @@ def run_pool_surviving_deaths(ordered: list, n_jobs: int, run: Callable, done: C
                     result = f.result()
                 except BrokenProcessPool:   # the lane's one worker died running this job
                     with open(dump) as d:
-                        result = died_result(job, d.read(), time.perf_counter() - t0)
+                        result = died_result(job, d.read(), time.perf_counter() - t0, make_result)
                     lanes[i].shutdown(wait=False)
                     lanes[i] = lane()
                 finally:
@@ -78,10 +78,9 @@ def _with_fault_dump(run, job, dump: str):
             faulthandler.disable()
 
 
-def died_result(job, dump: str, wall_s: float):
-    """The SettingResult of a setting whose process died: a crash record and a failing summary."""
+def died_result(job, dump: str, wall_s: float, make_result: Callable):
+    """The result of a setting whose process died: a crash record and a failing summary."""
     from harness.check.crash import Crash, crash_stage, project_path, side_of
-    from harness.workflows.sweep import SettingResult
     side, where = "ddcheck", None
     for m in FRAME.finditer(dump):   # most recent call first
         found = side_of(m["file"])
@@ -102,4 +101,4 @@ def died_result(job, dump: str, wall_s: float):
                "explanation": (f"The {stage} stage crashed: " if stage else "") + crash.sentence(),
                "stage": stage, "quantity": "crash" if stage else None}
     lines = (json.dumps(crash.record(setting)), json.dumps(summary))
-    return SettingResult(job.index, setting, summary, None, lines, wall_s)
+    return make_result(job.index, setting, summary, lines, wall_s)

@@ -12,6 +12,7 @@ Layer: check. Imports ports, faults, the engine and below; never report, workflo
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -90,10 +91,10 @@ class Replaced:
                 f"{after} (was {self.drift_before:.2f}, limit {self.limit:.2f}): {verdict}")
 
 
-def replace_attention(p, drift_before: float, limit: float) -> Replaced | None:
-    """Rerun p's setting with ExactAttention around its backend; None where the backend builds its own
-    metadata (SGLang's serving backend: the wrapper would not see the batch it served)."""
-    from harness.check.differential import check
+def replace_attention(p, drift_before: float, limit: float, check: Callable) -> Replaced | None:
+    """Rerun p's setting with ExactAttention around its backend, judged by `check` (the differential check,
+    without localizing); None where the backend builds its own metadata (SGLang's serving backend: the
+    wrapper would not see the batch it served)."""
     from harness.check.prepare import derive
     from harness.check.records import RecordWriter
     if serving_of(p.engine.kernel) is not None:
