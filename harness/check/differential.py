@@ -364,8 +364,13 @@ def _ignored_prefix_keys(vb, backend) -> int:
         return 0
     mask, indptr, n = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
     blocked = 0
-    for b, prefix in enumerate(vb.seq_lens.tolist()):
-        block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]
+    # the prefix each request's kernel reads (kv_indptr), not the batch's seq_lens: a stage that gets those
+    # wrong is the comparison's to judge, never this note's to raise on; a block past the mask is not counted
+    for b, prefix in enumerate(vb.attn.kv_indptr.diff().tolist()):
+        size = n * (prefix + n)
+        if indptr[b] < 0 or indptr[b] + size > mask.numel():
+            continue
+        block = mask[indptr[b]:indptr[b] + size].view(n, prefix + n)  # [q_len, prefix+q_len]
         blocked += int((~block[:, :prefix]).any(0).sum())
     return blocked
 
