@@ -18,8 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, RopeScaling, weight_names, weight_shapes
+from ddschema.config import ModelConfig, RopeScaling, weight_shapes
 from reference.deepseek_config import DEEPSEEK_V3, read_deepseek_config
+from reference.names import weight_names
 from reference.gemma3 import GEMMA3, read_gemma3_config
 
 
@@ -207,30 +208,36 @@ def read_checkpoint_config(directory: Path) -> ModelConfig:
         raise CheckpointRefused(f"{directory}: {e}") from None
 
 
-def with_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], directory: Path) -> ModelConfig:
+def with_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], directory: Path,
+                 keep_missing: bool = False) -> ModelConfig:
     """cfg completed by what only the tensors say (attention sinks are tensors
     in gpt-oss's checkpoints, never a config key: their presence sets them);
     CheckpointRefused when a tensor the forward pass uses is absent, or not of
-    the shape the config implies. shapes: every tensor's shape by name."""
+    the shape the config implies. shapes: every tensor's shape by name. keep_missing: an absent
+    tensor is left to the caller to state (reference/names.py names what the oracle needs)."""
     if any(n.endswith(".self_attn.sinks") for n in shapes):
         cfg = ModelConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "attn_sinks": True})
     missing = [n for n in weight_names(cfg) if n not in shapes]
-    if missing:
+    if missing and not keep_missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
-    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if tuple(shapes[n]) != s]
+    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if n in shapes and tuple(shapes[n]) != s]
     if wrong:
         raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(shapes[wrong[0][0]])}, "
                                 f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")
     return cfg
 
 
-def load_checkpoint(directory: Path, device: str = "cpu") -> tuple[ModelConfig, dict[str, Tensor]]:
+def load_checkpoint(directory: Path, device: str = "cpu",
+                    keep_missing: bool = False) -> tuple[ModelConfig, dict[str, Tensor]]:
     """(config, float64 tensors on `device` under Hugging Face names) of a
-    checkpoint directory: config.json plus every *.safetensors file in it."""
+    checkpoint directory: config.json plus every *.safetensors file in it.
+    A tensor the config implies and the files lack is refused, unless
+    keep_missing: then the tensors present are returned (the caller states
+    what is missing; reference/names.py names what the oracle needs)."""
     directory = Path(directory)
     cfg = read_checkpoint_config(directory)
     weights: dict[str, Tensor] = {}
     for f in sorted(directory.glob("*.safetensors")):
         weights.update(read_safetensors(f, device))
-    cfg = with_tensors(cfg, {n: tuple(t.shape) for n, t in weights.items()}, directory)
-    return cfg, {n: weights[n] for n in weight_names(cfg)}
+    cfg = with_tensors(cfg, {n: tuple(t.shape) for n, t in weights.items()}, directory, keep_missing)
+    return cfg, {n: weights[n] for n in weight_names(cfg) if n in weights}

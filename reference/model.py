@@ -41,7 +41,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, RopeScaling, weight_names
+from ddschema.config import ModelConfig, RopeScaling
+from reference.names import weight_names
 from reference.gemma3 import gelu_tanh, gemma_rms_norm, layer_rope, soft_cap
 from reference.rope import rope_inv_freq
 
@@ -163,21 +164,22 @@ class DenseLlama:
     tensor is held as float64 on `device` (the CPU, or a GPU: float64 there
     too), a copy of the caller's tensor unless `owned` says the caller hands
     them over (tensors it read for this model and keeps no reference to).
-    Missing names raise KeyError.
+    Missing names raise KeyError, unless allow_missing: then `missing` lists
+    them and a forward that needs one raises KeyError.
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu",
-                 owned: bool = False) -> None:
+                 owned: bool = False, allow_missing: bool = False) -> None:
         self.config = config
         self.device = torch.device(device)
         self.store = exact   # what writing a tensor to memory does: nothing, in float64
         self.probs_store = None   # where attention stores its probabilities before P @ V: nowhere
-        missing = [n for n in weight_names(config) if n not in weights]
-        if missing:
-            raise KeyError(f"weights lack {len(missing)} tensors, e.g. {missing[:3]}")
+        self.missing = [n for n in weight_names(config) if n not in weights]
+        if self.missing and not allow_missing:
+            raise KeyError(f"weights lack {len(self.missing)} tensors, e.g. {self.missing[:3]}")
         take = (lambda t: t.to(device=self.device, dtype=DTYPE)) if owned else (lambda t: _own_copy(t, self.device))
-        self.w = {name: take(weights[name].detach()) for name in weight_names(config)}
-        if config.tie_word_embeddings:
+        self.w = {name: take(weights[name].detach()) for name in weight_names(config) if name in weights}
+        if config.tie_word_embeddings and "model.embed_tokens.weight" in self.w:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
     @classmethod

@@ -20,6 +20,7 @@ from ddschema.oracle import Routing
 from reference.accept import ReferenceAcceptance, greedy_acceptance
 from reference.checkpoint import load_checkpoint
 from reference.deepseek_v3 import DenseDeepseekV3, moe_layers
+from reference.names import weight_names
 from reference.model import DenseLlama
 from reference.prefix_cache import PrefixCache, extend
 from reference.tree import ReferenceTree, best_first_tree
@@ -77,10 +78,15 @@ class DenseOracle:
     too). All outputs are float64 on CPU."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu",
-                 owned: bool = False) -> None:
-        """owned: `weights` are this oracle's alone (its own reading of a checkpoint), kept without a copy."""
+                 owned: bool = False, allow_missing: bool = False) -> None:
+        """owned: `weights` are this oracle's alone (its own reading of a checkpoint), kept without a copy;
+        allow_missing: a tensor its names (reference/names.py) want and `weights` lack is listed in
+        `missing_weights`, not refused (the harness then reports the load divergence)."""
         self.config = config
-        self.model = MODEL_CLASSES[attention_layout(config)](config, weights, device, owned=owned)
+        model = MODEL_CLASSES[attention_layout(config)]
+        # the dense Llama family lists what a checkpoint lacks; DeepSeek-V3's model refuses it (KeyError)
+        missing = {"allow_missing": True} if allow_missing and model is DenseLlama else {}
+        self.model = model(config, weights, device, owned=owned, **missing)
         self.prefixes = PrefixCache()
         self.low_precision: dict[tuple[str, bool], tuple[DenseLlama, PrefixCache]] = {}   # by (dtype, probabilities), made when asked
 
@@ -88,9 +94,20 @@ class DenseOracle:
     def from_checkpoint(cls, directory, device: str = "cpu", **options) -> "DenseOracle":
         """The oracle over its own reading of a checkpoint directory
         (reference/checkpoint.py), its tensors read straight to `device`;
-        raises CheckpointRefused (a ValueError)."""
-        config, weights = load_checkpoint(directory, device)
+        raises CheckpointRefused (a ValueError); allow_missing: a tensor the checkpoint lacks is listed in
+        `missing_weights` instead."""
+        allow = bool(options.get("allow_missing"))
+        config, weights = load_checkpoint(directory, device, keep_missing=allow)
         return cls(config, weights, device, owned=True, **options)  # read here, held by no one else
+
+    def weight_names(self) -> list[str]:
+        """The tensors this oracle computes with, by its own names (reference/names.py)."""
+        return weight_names(self.config)
+
+    @property
+    def missing_weights(self) -> list[str]:
+        """Tensors the oracle's own names want that its reading lacks ([] unless built with allow_missing)."""
+        return list(getattr(self.model, "missing", ()))
 
     def weight(self, name: str) -> Tensor:
         """The float64 tensor the oracle computes with under `name` (for a

@@ -158,8 +158,10 @@ class StreamedOracle(DenseOracle):
     one decoder layer's float64 weights held at a time (see the module doc).
     All outputs are float64 on CPU."""
 
-    def __init__(self, config: ModelConfig, weights, device: str = "cpu", owned: bool = False) -> None:
+    def __init__(self, config: ModelConfig, weights, device: str = "cpu", owned: bool = False,
+                 allow_missing: bool = False) -> None:
         """weights: a LazyCheckpoint (its tensors read when used), or a dict of tensors held in memory.
+        allow_missing is accepted for the dense oracle's signature: the lazy reading refuses a missing tensor.
         Raises CheckpointRefused for multi-head latent attention (DeepSeek-V3: --oracle dense judges it)."""
         if config.mla is not None:
             raise CheckpointRefused("the streamed oracle runs Llama-family layers; multi-head latent attention "

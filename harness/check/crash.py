@@ -79,6 +79,30 @@ class Crash:
                 "in_step": self.in_step, "sglang": self.sglang, "sentence": self.sentence()}
 
 
+# the engine's files -> the verify stage (in the domain's words, localize/wrong.STAGE_WORDS, plus "load") whose
+# code they are; the loop and the pipeline's wiring belong to no one stage
+CRASH_STAGES = (("harness/engine/graph.py", "graph"), ("harness/engine/serving_graph.py", "graph"),
+                ("harness/engine/attn/", "attention"), ("harness/engine/model/llama.py", "model"),
+                ("harness/engine/model/", "load"), ("harness/engine/ddtree/tree.py", "tree build"),
+                ("harness/engine/ddtree/drafter.py", "tree build"), ("harness/engine/ddtree/mask.py", "mask"),
+                ("harness/engine/ddtree/window.py", "mask"), ("harness/engine/ddtree/verify_", "verify inputs"),
+                ("harness/engine/ddtree/accept", "accept"), ("harness/engine/ddtree/commit", "commit"),
+                ("harness/engine/mem/", "commit"))
+
+
+def crash_stage(crash: Crash) -> str | None:
+    """The stage whose file the engine's innermost frame is in (None: not the engine's, or its loop's own code).
+    A KeyError on a checkpoint tensor name, met by the model's forward, is the loader's: the weights it
+    handed over lack the name."""
+    if crash.side != "engine":
+        return None
+    path = crash.where.partition(":")[0]
+    stage = next((s for prefix, s in CRASH_STAGES if path.startswith(prefix)), None)
+    if stage == "model" and crash.error.startswith(("KeyError: 'model.", "KeyError: 'lm_head.")):
+        return "load"
+    return stage
+
+
 def installed_sglang() -> str:
     try:
         return version("sglang")

@@ -364,8 +364,13 @@ def _ignored_prefix_keys(vb, backend) -> int:
         return 0
     mask, indptr, n = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
     blocked = 0
-    for b, prefix in enumerate(vb.seq_lens.tolist()):
-        block = mask[indptr[b]:indptr[b] + n * (prefix + n)].view(n, prefix + n)  # [q_len, prefix+q_len]
+    # the prefix each request's kernel reads (kv_indptr), not the batch's seq_lens: a stage that gets those
+    # wrong is the comparison's to judge, never this note's to raise on; a block past the mask is not counted
+    for b, prefix in enumerate(vb.attn.kv_indptr.diff().tolist()):
+        size = n * (prefix + n)
+        if indptr[b] < 0 or indptr[b] + size > mask.numel():
+            continue
+        block = mask[indptr[b]:indptr[b] + size].view(n, prefix + n)  # [q_len, prefix+q_len]
         blocked += int((~block[:, :prefix]).any(0).sum())
     return blocked
 
@@ -490,6 +495,36 @@ def _crashed_inputs(p: Prepared, summary: CheckSummary) -> None:
         summary.stage, summary.quantity = STAGE_WORDS[w.stage], w.quantity
         summary.explanation = (f"First wrong quantity: {w.quantity}, produced by the {summary.stage} stage, at step "
                                f"{w.step}: {w.text}; then {summary.explanation}")
+    elif summary.crash is not None:   # inputs by the rules: the stage whose code raised is named
+        _name_crash_stage(summary)
+
+
+def _name_crash_stage(summary: CheckSummary) -> None:
+    from harness.check.crash import Crash, crash_stage
+    c = summary.crash
+    stage = crash_stage(Crash(c["side"], c["where"], c["where"], c["error"], c["step"], ""))
+    if stage is not None:
+        summary.stage, summary.quantity = stage, "crash"
+        summary.explanation = f"The {stage} stage crashed (its code raised; the verify inputs it was handed " \
+                              f"break no rule): {summary.explanation}"
+
+
+def _drift_by_replacement(p: Prepared, summary: CheckSummary) -> None:
+    """A run-level drift, its stage proven by replacement: the attention backend's, when a float64 softmax of
+    the same inputs in its place takes the drift away (harness/check/localize/replace.py)."""
+    from harness.check.localize.replace import replace_attention
+    if p.rule is None or summary.noise_drift is None:
+        return
+    try:
+        r = replace_attention(p, summary.noise_drift, p.rule.drift_limit, check)
+    except Exception as e:  # noqa: BLE001  (the drift verdict stands without it)
+        summary.notes.append(f"attention replacement failed: {attribute(e).sentence()}")
+        return
+    if r is None:
+        return
+    summary.explanation = f"{summary.explanation}; {r.sentence()}"
+    if r.cause:
+        summary.fault_class, summary.stage, summary.quantity = "attention-arithmetic", "attention", "attention_output"
 
 
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
@@ -499,6 +534,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     if first.what == "drift":  # every node, not one row: nothing for the tree localizer to bisect
         summary.fault_class, summary.explanation = "model-arithmetic", first.detail
         summary.stage, summary.quantity = "model forward", "logits"
+        _drift_by_replacement(p, summary)
         return
     if first.what in ("tree", "crash") or first.what in RANK_CLASSES:  # decided before the verify forward
         summary.fault_class, summary.explanation = first.what, first.detail

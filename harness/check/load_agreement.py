@@ -54,10 +54,18 @@ def compare_weights(engine_cfg: ModelConfig, engine_weights: dict[str, torch.Ten
     oracle's device. The engine keeps the checkpoint's dtype (float64 files
     as float32), so the oracle's float64 tensor is rounded to float32 first:
     exact for bf16, fp16 and fp32 checkpoints."""
-    names = list(dict.fromkeys(weight_names(oracle.config) + ["lm_head.weight"]))
+    # the oracle's own names (reference/names.py), not the shared schema's: a wrong name there reaches one side
+    own = oracle.weight_names() if hasattr(oracle, "weight_names") else weight_names(oracle.config)
+    names = list(dict.fromkeys(own + ["lm_head.weight"]))
     names += [n for n in weight_names(engine_cfg) if n not in names]  # tensors only the engine uses
+    lacking = set(getattr(oracle, "missing_weights", ()))   # the oracle needs them, the checkpoint lacks them
     out = []
     for name in names:
+        if name in lacking and effective_weight(engine_cfg, engine_weights, name) is None:
+            out.append(LoadMismatch("weights", name, "absent", "absent from the checkpoint",
+                                    f"tensor {name}: the model computes with it (the oracle's own names) and the "
+                                    f"checkpoint lacks it; the engine's loader read the checkpoint without it"))
+            continue
         got = effective_weight(engine_cfg, engine_weights, name)
         try:
             ref = oracle.weight(name).detach().float()  # [shape] the oracle's, rounded to float32

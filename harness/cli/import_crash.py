@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
-from harness.check.crash import Crash, attribute
+from harness.check.crash import Crash, attribute, crash_stage
 
 EXITS = {"engine": 1, "oracle": 3, "ddcheck": 3}
 VERDICTS = {"engine": "diverge", "oracle": "oracle-crash", "ddcheck": "internal-error"}
@@ -47,7 +47,7 @@ def records(crash: Crash, setting: str, during: str = "importing") -> list[dict]
                "while": during, "nodes_checked": 0, "divergent_nodes": 0, "steps": 0, "first": first,
                "crash": crash.brief(), "error": crash.error, "fault_class": "crash" if engine else None,
                "explanation": crash.sentence() + (", while ddcheck imported it" if during == "importing" else ""),
-               "stage": None, "quantity": None}
+               "stage": crash_stage(crash), "quantity": "crash" if crash_stage(crash) else None}
     return [crash.record(setting), summary]
 
 

@@ -281,7 +281,7 @@ def run_jobs(jobs: list[SettingJob], n_jobs: int,
     ordered = sorted((j for j in jobs if not reads_checkpoint(j)), key=lambda j: -j.cost)
     try:
         if ordered:
-            runner.run(ordered, done, run_job, worker_died)
+            runner.run(ordered, done, run_job, worker_died, _died)
         run_reading_once(read_once, done)
     except KeyboardInterrupt:
         raise Interrupted([results[j.index] for j in jobs if j.index in results], len(jobs)) from None
@@ -305,6 +305,11 @@ def run_reading_once(jobs: list[SettingJob], done) -> None:
     for job in sorted(jobs, key=lambda j: (repr(load_key(j.settings)), -j.cost)):
         done(run_job(job, loads))
     loads.loaded = None
+
+
+def _died(index: int, setting: str, summary: dict, lines: tuple[str, ...], wall_s: float) -> SettingResult:
+    """The result of a setting whose process died once, from the crash its fault dump names (worker_deaths.py)."""
+    return SettingResult(index, setting, summary, None, lines, wall_s)
 
 
 def write_jsonl(results: list[SettingResult], path: Path, interrupted: tuple[int, int] | None = None) -> None:

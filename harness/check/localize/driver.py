@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.check.localize.attention_audit import audit_attention
+from harness.check.localize.bookkeeping import audit_bookkeeping
 from harness.check.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
                                      audit_stop)
 from harness.check.localize.explain import Evidence, classify, explanation
@@ -65,6 +66,7 @@ def localize(p, first) -> Localization:
         ev.wrongs += audit_latents(engine, result, oracle, tol, latent_seen)
         ev.canary += list(result.provenance)
         ev.wrongs += audit_round(engine, result, oracle)
+        ev.wrongs += audit_bookkeeping(engine, result)
         ev.wrongs += audit_window(engine, result)
         if replay is not None:
             ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)

@@ -15,10 +15,10 @@ STAGES = ("build_tree", "build_mask", "build_verify_batch", "graph", "attention"
 # the stages in the domain's words, as the explanation, the summary and the records name them
 STAGE_WORDS = {"build_tree": "tree build", "build_mask": "mask", "build_verify_batch": "verify inputs",
                "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit"}
-# within a stage, the order quantities are reported in
-QUANTITIES = ("tree", "input_ids", "positions", "seq_lens", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
+# within a stage, the order quantities are reported in (the prefix lengths first: positions and indptrs derive from them)
+QUANTITIES = ("tree", "seq_lens", "input_ids", "positions", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
               "custom_mask", "window_mask", "out_cache_loc", "visibility", "sinks", "logit_cap", "attention_output", "hidden", "kv_cache",
-              "accepted_rows", "bonus", "req_to_token", "free_slots")
+              "accepted_rows", "bonus", "emitted", "seq_len", "req_to_token", "free_slots")
 
 
 # what the backend computes from visible keys (not from the metadata): wrong on any batch

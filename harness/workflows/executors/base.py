@@ -14,6 +14,9 @@ from harness.engine.settings import UsageError
 Done = Callable[[Any], None]                     # a result, as it comes back
 Task = Callable[[Any], Any]                      # job -> result: one setting, run where the executor puts it
 Died = Callable[[Any, tuple[str, ...]], Any]     # (job, reasons) -> the result of a setting whose worker kept dying
+# (index, setting, summary, record lines, wall s) -> the result of a setting whose process died once, judged
+# from its fault dump (workflows/worker_deaths.py)
+Crashed = Callable[[int, str, dict, tuple[str, ...], float], Any]
 
 
 class Executor(Protocol):
@@ -24,7 +27,7 @@ class Executor(Protocol):
 
     name: str
 
-    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None: ...
+    def run(self, jobs: list, done: Done, task: Task, died: Died, crashed: Crashed | None = None) -> None: ...
 
 
 # name -> "module:class", imported only when chosen (ray is an optional extra)

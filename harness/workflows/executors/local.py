@@ -12,7 +12,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 
-from harness.workflows.executors.base import Died, Done, ExecutorSpec, Task
+from harness.workflows.executors.base import Crashed, Died, Done, ExecutorSpec, Task
 
 
 @dataclass(frozen=True)
@@ -28,11 +28,17 @@ class LocalExecutor:
     def from_spec(cls, spec: ExecutorSpec) -> "LocalExecutor":
         return cls(spec.workers)
 
-    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None:
-        """`died` is unused: a pool worker's death breaks the pool (BrokenProcessPool), as it always has."""
+    def run(self, jobs: list, done: Done, task: Task, died: Died, crashed: Crashed | None = None) -> None:
+        """With `crashed`, settings run in one-worker lanes and a worker that dies (a kernel call that kills
+        its process) is only its own setting's verdict (workflows/worker_deaths.py); without it, one shared
+        pool whose worker's death breaks it (BrokenProcessPool). `died` is unused: nothing is rerun here."""
         if self.workers <= 1 or len(jobs) <= 1:
             for job in jobs:
                 done(task(job))
+            return
+        if crashed is not None:
+            from harness.workflows.worker_deaths import run_pool_surviving_deaths
+            run_pool_surviving_deaths(jobs, self.workers, task, done, crashed, _worker_init)
             return
         _run_pool(jobs, self.workers, done, task)
 

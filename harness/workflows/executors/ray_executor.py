@@ -71,7 +71,8 @@ class RayExecutor:
         import_ray()   # a missing extra is a usage error before anything runs
         return cls(spec.workers, spec.address)
 
-    def run(self, jobs: list, done: Done, task: Task, died: Died) -> None:
+    def run(self, jobs: list, done: Done, task: Task, died: Died, crashed=None) -> None:
+        # `crashed` is unused: a Ray worker's death is rerun (`died` once it keeps dying)
         ray = import_ray()
         started = self._connect(ray)
         remote = ray.remote(_run_in_worker)

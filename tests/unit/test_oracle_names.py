@@ -1,0 +1,44 @@
+"""The oracle names the tensors it reads itself (reference/names.py): a wrong
+name in the shared schema (ddschema.weight_names, what the engine's loader
+and the presets use) is a load divergence naming the tensor, never a KeyError
+of the oracle (issue 21, case g)."""
+from __future__ import annotations
+
+import ddschema.config
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.engine.model.presets import PRESETS
+from harness.engine.settings import RunSettings
+from reference import names
+
+
+def test_the_oracle_names_agree_with_the_schema_on_every_preset():
+    for name, cfg in PRESETS.items():
+        assert names.weight_names(cfg) == ddschema.config.weight_names(cfg), name
+
+
+def _misnamed(cfg):
+    return [n.replace("post_attention_layernorm", "post_attn_layernorm") for n in _schema(cfg)]
+
+
+_schema = ddschema.config.weight_names
+
+
+def test_a_wrong_name_in_the_shared_schema_is_a_load_divergence(monkeypatch, tmp_path):
+    # every module that reads the schema's names sees the wrong one, as a patch of ddschema/config.py would
+    import harness.check.load_agreement as agreement
+    import harness.engine.model.presets as presets
+    import reference.checkpoint
+    import reference.model
+    import reference.oracle
+    readers = [m for m in (presets, agreement, reference.checkpoint, reference.model, reference.oracle)
+               if getattr(m, "weight_names", None) is _schema]
+    for module in (ddschema.config, *readers):
+        monkeypatch.setattr(module, "weight_names", _misnamed)
+    s = RunSettings(backend="torch", budget=4, max_new_tokens=2)
+    p = prepare(s)
+    assert p.oracle.missing_weights and all("post_attention_layernorm" in n for n in p.oracle.missing_weights)
+    summary = check(p, RecordWriter(tmp_path / "r.jsonl"))
+    assert summary.stage == "load" and summary.quantity == "weights"
+    assert summary.first.what == "weights" and "post_attention_layernorm" in summary.explanation
