@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from harness.engine.model.stages import padding_rows
+from harness.engine.model.stages import padding_rows, verify_rows
 from harness.faults.fault import Fault, all_of, has_branch, has_padding, two_steps
 
 
@@ -17,42 +17,36 @@ def _verify(meta) -> bool:
     return meta is not None and meta.custom_mask is not None
 
 
+# Tensor ops only (no .tolist() of the indptr): the faults run inside CUDA graph capture too.
+
 def latent_rope_at_flat_index(positions: torch.Tensor, meta) -> torch.Tensor:
     """A verify row's latent RoPE key turned at prefix + its row index (the flat query index), not prefix + depth."""
     if not _verify(meta):
         return positions
-    out = positions.clone()
-    qo = meta.qo_indptr.tolist()
-    for b in range(len(qo) - 1):
-        out[qo[b]:qo[b + 1]] = positions[qo[b]] + torch.arange(qo[b + 1] - qo[b], device=positions.device)
-    return out
+    r, _, start, _, inside = verify_rows(meta.qo_indptr.to(positions.device), positions.numel())
+    flat = (positions[start] + (r - start)).to(positions.dtype)      # [T] the request's root position + row index
+    return torch.where(inside, flat, positions)
 
 
 def latent_slots_reversed(out_cache_loc: torch.Tensor, meta) -> torch.Tensor:
     """Each request's verify rows write their latents in reverse row order: row j into row q_len-1-j's slot."""
     if not _verify(meta):
         return out_cache_loc
-    out = out_cache_loc.clone()
-    qo = meta.qo_indptr.tolist()
-    for b in range(len(qo) - 1):
-        out[qo[b]:qo[b + 1]] = out_cache_loc[qo[b]:qo[b + 1]].flip(0)
-    return out
+    r, _, start, end, inside = verify_rows(meta.qo_indptr.to(out_cache_loc.device), out_cache_loc.numel())
+    return out_cache_loc[torch.where(inside, start + end - 1 - r, r)]
 
 
 def router_reads_padding(positions: torch.Tensor, meta) -> torch.Tensor:
     """The batch's expert dispatch counts the padding rows first: each request's last real row is routed and
     computed on its first padding row's hidden state."""
-    src = torch.arange(positions.numel(), device=positions.device)
+    src = torch.arange(positions.numel(), device=positions.device)   # [T] row whose hidden state each row routes
     if not _verify(meta):
         return src
-    pad = padding_rows(positions, meta)
-    qo = meta.qo_indptr.tolist()
-    for b in range(len(qo) - 1):
-        rows = pad[qo[b]:qo[b + 1]].nonzero().flatten()
-        if rows.numel():
-            first = qo[b] + int(rows[0])
-            src[first - 1] = first
-    return src
+    pad = padding_rows(positions, meta)                               # [T] bool
+    _, _, start, _, _ = verify_rows(meta.qo_indptr.to(positions.device), positions.numel())
+    seen = torch.cumsum(pad.long(), 0)                                # [T] padding rows up to and including this one
+    first = pad & (seen - seen[start] + pad[start].long() == 1)       # [T] the first padding row of its request
+    return torch.cat([torch.where(first[1:], src[1:], src[:-1]), src[-1:]])
 
 
 def _model(s):

@@ -19,6 +19,7 @@ from harness.engine.model.llama import LlamaModel
 from harness.engine.model.presets import load_model
 from harness.engine.settings import RunSettings, prompt_tokens, prompts_for_batch
 from harness.faults import apply_fault
+from harness.engine.model.stages import padding_rows
 from harness.faults.mla_moe import latent_slots_reversed, latent_rope_at_flat_index, router_reads_padding
 
 MODEL = "tiny-deepseek-v3"
@@ -92,3 +93,23 @@ def test_the_row_audit_names_the_divergent_rounds_latents_before_any_is_committe
         result = next(iter(engine.rounds()))
         capture_hidden(engine, result)   # the round's forward again: its latents back in their slots
         assert [w.hint for w in audit_row_latents(engine, result, oracle, 1e-4, 0)] == want
+
+
+def test_stages_read_nothing_back_to_the_host_so_cuda_graphs_capture_them(monkeypatch):
+    """The CPU twin of capture: a .tolist()/.item()/int() of a device tensor inside a CUDA graph capture raises
+    ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"), as the first versions of these faults did
+    on an H100. Rows past qo_indptr[-1] (a graph bucket above the batch) are left as they are."""
+    pos = torch.tensor([10, 11, 11, 12, 10, 20, 21, 22, 20, 20, 0, 0])
+    meta = _Meta([0, 5, 10])
+
+    def host_read(*_):
+        raise AssertionError("a host read of a device tensor")
+    for name in ("tolist", "item", "__int__", "__bool__", "__index__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, host_read)
+    out = (latent_rope_at_flat_index(pos, meta), latent_slots_reversed(torch.arange(12), meta),
+           router_reads_padding(pos, meta), padding_rows(pos, meta))
+    monkeypatch.undo()
+    assert out[0].tolist() == [10, 11, 12, 13, 14, 20, 21, 22, 23, 24, 0, 0]
+    assert out[1].tolist() == [4, 3, 2, 1, 0, 9, 8, 7, 6, 5, 10, 11]
+    assert out[2].tolist() == [0, 1, 2, 4, 4, 5, 6, 8, 8, 9, 10, 11]
+    assert out[3].tolist() == [False] * 4 + [True] + [False] * 3 + [True, True, False, False]

@@ -27,17 +27,23 @@ def own_rows(positions: torch.Tensor, meta) -> torch.Tensor:
     return torch.arange(positions.numel(), device=positions.device)
 
 
+def verify_rows(qo_indptr: torch.Tensor, n: int):
+    """For each of n verify rows: (row index, its request, the request's first row, one past its last, whether the
+    row lies inside a request at all: graph-bucket rows past qo_indptr[-1] do not), each [n]. Tensor ops only, no
+    host read of the indptr: CUDA graphs capture it (a .tolist() there raises during capture)."""
+    qo = qo_indptr.to(torch.long)                                     # [B + 1]
+    r = torch.arange(n, device=qo.device)                             # [n]
+    req = torch.searchsorted(qo[1:], r, right=True).clamp(max=qo.numel() - 2)
+    return r, req, qo[req], qo[req + 1], r < qo[-1]
+
+
 def padding_rows(positions: torch.Tensor, meta) -> torch.Tensor:
     """[T] bool: a verify row past its request's first that sits at the root's position
     (padding rows take the root's token and position; real draft rows are one deeper at least)."""
-    pad = torch.zeros(positions.numel(), dtype=torch.bool, device=positions.device)
     if meta is None or meta.custom_mask is None:
-        return pad
-    qo = meta.qo_indptr.tolist()
-    for b in range(len(qo) - 1):
-        rows = slice(qo[b] + 1, qo[b + 1])
-        pad[rows] = positions[rows] == positions[qo[b]]
-    return pad
+        return torch.zeros(positions.numel(), dtype=torch.bool, device=positions.device)
+    r, _, start, _, inside = verify_rows(meta.qo_indptr.to(positions.device), positions.numel())
+    return inside & (r > start) & (positions == positions[start])
 
 
 @dataclass(frozen=True)
