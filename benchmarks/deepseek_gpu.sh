@@ -16,14 +16,15 @@ n=0
 run() {  # expected exit code, then the ddcheck run arguments
   local want=$1; shift
   n=$((n + 1))
-  local t0=$(date +%s.%N)
+  local t0=$(date +%s%N)
   python3 -m harness run "$@" --device cuda --out "$out/run-$n.jsonl" > "$out/run-$n.txt" 2>&1
-  local got=$? t1=$(date +%s.%N)
+  local got=$? t1=$(date +%s%N)
+  local secs=$(( (t1 - t0) / 1000000 ))   # ms (no bc on the GPU machine: its absence left the JSON unreadable)
+  secs=$(printf "%d.%03d" $((secs / 1000)) $((secs % 1000)))
   printf '%s | exit %s (want %s) | %.1f s | ddcheck run %s\n' "$([ $got = $want ] && echo ok || echo FAIL)" "$got" \
-    "$want" "$(echo "$t1 - $t0" | bc)" "$*" >> "$log"
+    "$want" "$secs" "$*" >> "$log"
   grep -E "max rel|router ties|localized|Catalog class|time per step" "$out/run-$n.txt" | head -5 >> "$log"
-  printf '{"n": %d, "args": "%s", "exit": %d, "want": %d, "seconds": %s}\n' "$n" "$*" "$got" "$want" \
-    "$(echo "$t1 - $t0" | bc)" >> "$rows"
+  printf '{"n": %d, "args": "%s", "exit": %d, "want": %d, "seconds": %s}\n' "$n" "$*" "$got" "$want" "$secs" >> "$rows"
 }
 T="--backend sglang-triton"
 for m in tiny-deepseek-v3 tiny-kimi-k2; do
