@@ -40,3 +40,15 @@ def test_no_flip_is_no_explanation_unless_a_tied_position_is_in_the_prefix():
     ties.commit(0, 10, [0, 3, 5], {3})
     assert ties.tied_positions == {0: {11}}
     assert ties.judge(0, []) == "router-tie" and ties.judge(1, []) is None
+
+
+def test_a_flip_in_a_later_layer_than_a_tie_inherits_it_and_a_first_flip_outside_the_noise_does_not():
+    """tiny-kimi-k2 in bf16: a layer-1 flip of margin 2.3e-4 moved the row's layer-2 scores to a flip of
+    margin 0.093; the later flip is the tie's consequence. A flip outside the noise in the first flipping
+    layer, or in a layer before the tie, stays a divergence."""
+    from harness.check.compare.router_tie import Flip
+    tie, later = Flip(12, 1, 2.3e-4, 9e-5, True), Flip(12, 2, 0.093, 0.036, False)
+    assert RouterTies(BAND).judge(0, [tie, later]) == "router-tie"
+    assert RouterTies(BAND).judge(0, [later]) == "router-flip"
+    assert RouterTies(BAND).judge(0, [Flip(12, 2, 2.3e-4, 9e-5, True), Flip(12, 1, 0.093, 0.036, False)]) \
+        == "router-flip"

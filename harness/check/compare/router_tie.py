@@ -7,7 +7,11 @@ A divergent node is a `router-tie` only if its divergence starts at a router
 flip (a layer where the engine's expert set for the node, or for a node on
 its root path, or for a committed position of its prefix that flipped
 earlier, differs from the oracle's) and every such flip lies inside the
-noise on both sides: the oracle's margin and the engine's own gap are each
+noise on both sides, or in a later layer than a flip inside the noise on
+the same root path (its input moved: on tiny-kimi-k2 in bf16 a layer-1
+flip of margin 2.3e-4 moved the same row's layer-2 scores to a flip of
+margin 0.093, and the run false-alarmed on an H100 and on the CPU). A
+flip inside the noise is one where the oracle's margin and the engine's own gap are each
 below NOISE_EPS x eps(dtype) x the selection scores' scale. A flip with
 either side outside the noise stays a divergence; so does a divergent node
 with no flip at all.
@@ -60,7 +64,10 @@ class RouterTies:
     def judge(self, rid: int, path_flips: list[Flip]) -> str | None:
         """"router-tie", "router-flip" (a flip outside the noise: a divergence) or None (no flip to name)."""
         if path_flips:
-            return "router-tie" if all(f.in_noise for f in path_flips) else "router-flip"
+            tied = [f.layer for f in path_flips if f.in_noise]
+            first = min(tied) if tied else None
+            inherited = lambda f: first is not None and f.layer > first  # noqa: E731
+            return "router-tie" if all(f.in_noise or inherited(f) for f in path_flips) else "router-flip"
         return "router-tie" if self.tied_positions.get(rid) else None
 
     def commit(self, rid: int, prefix_len: int, accepted_rows: list[int], tied_rows: set[int]) -> None:
