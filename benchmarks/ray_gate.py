@@ -20,17 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.check.records import same_run_to_run
+
 ROOT = Path(__file__).resolve().parents[1]
-TIMINGS = re.compile(r"(_s|_s_per_step|^time|^run)$")   # record keys that differ run to run
-ROOM = re.compile(r"[\d.]+ GiB of room")                 # the oracle's placement reason states free memory
-
-
-def _same_run_to_run(record: dict) -> dict:
-    """The record without what differs between two runs of one setting: run ids, times, free memory."""
-    out = {k: v for k, v in record.items() if not TIMINGS.search(k)}
-    if isinstance(out.get("oracle_reason"), str):
-        out["oracle_reason"] = ROOM.sub("? GiB of room", out["oracle_reason"])
-    return out
 
 
 def gate(case: str, device: str, work: Path, name: str, flags: list[str]) -> dict:
@@ -44,7 +36,7 @@ def gate(case: str, device: str, work: Path, name: str, flags: list[str]) -> dic
         raise SystemExit(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     verdicts = [(v["name"], v["passed"], v["skipped"]) for c in json.loads(js.read_text())["cases"]
                 for v in c["verdicts"]]
-    records = [_same_run_to_run(json.loads(ln)) for ln in out.read_text().splitlines()]
+    records = [same_run_to_run(json.loads(ln)) for ln in out.read_text().splitlines()]
     return {"name": name, "command": " ".join(["ddcheck", *cmd[3:]]).replace(str(work), "$WORK"), "exit": proc.returncode,
             "wall_s": round(wall, 1), "verdicts": verdicts, "records": records,
             "junit": re.sub(r' (time|timestamp)="[^"]*"', "", junit.read_text()),

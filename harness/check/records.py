@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import subprocess
 import os
 import tempfile
@@ -130,3 +131,16 @@ def provenance() -> dict:
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {"ddcheck_version": ver, "commit": commit}
+
+
+_RUN_TO_RUN_KEYS = re.compile(r"(_s|_s_per_step|^time|^run)$")   # record keys that differ run to run
+_FREE_MEMORY = re.compile(r"[\d.]+ GiB of room")                 # the oracle's placement reason states free memory
+
+
+def same_run_to_run(record: dict) -> dict:
+    """The record without what differs between two runs of one setting (run ids, times, the free memory the
+    oracle's placement saw): what two executors, or two runs, must agree on."""
+    out = {k: v for k, v in record.items() if not _RUN_TO_RUN_KEYS.search(k)}
+    if isinstance(out.get("oracle_reason"), str):
+        out["oracle_reason"] = _FREE_MEMORY.sub("? GiB of room", out["oracle_reason"])
+    return out

@@ -11,6 +11,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'ddcheck[ray]')")
 
+from harness.check.records import same_run_to_run  # noqa: E402
 from harness.workflows.cases import load_case  # noqa: E402
 from harness.workflows.executors.ray_executor import RayExecutor  # noqa: E402
 from harness.workflows.gate import plan  # noqa: E402
@@ -18,16 +19,6 @@ from harness.workflows.sweep import on_device, run_job, worker_died  # noqa: E40
 
 ROOT = Path(__file__).resolve().parents[2]
 CASE = ROOT / "tests/fixtures/cases/ray_small.toml"
-TIMINGS = re.compile(r"(_s|_s_per_step|^time|^run)$")   # record keys that differ run to run
-ROOM = re.compile(r"[\d.]+ GiB of room")                 # the oracle's placement reason states free memory
-
-
-def _same_run_to_run(record: dict) -> dict:
-    """The record without what differs between two runs of one setting: run ids, times, free memory."""
-    out = {k: v for k, v in record.items() if not TIMINGS.search(k)}
-    if isinstance(out.get("oracle_reason"), str):
-        out["oracle_reason"] = ROOM.sub("? GiB of room", out["oracle_reason"])
-    return out
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -43,7 +34,7 @@ def local_cluster():
 
 def _records(path: Path) -> list[dict]:
     """The records with what differs run to run taken out."""
-    return [_same_run_to_run(json.loads(ln)) for ln in path.read_text().splitlines()]
+    return [same_run_to_run(json.loads(ln)) for ln in path.read_text().splitlines()]
 
 
 def _junit(path: Path) -> str:
