@@ -196,7 +196,8 @@ def test_junit_run_to_run_drops_the_clock_and_keeps_verdicts_and_stamp():
                 Verdict("mini", "fault", "fault x: b16", "ddcheck run --budget 16", True, "caught: mask", 2.0)]
     made = {"time": "2026-01-01T00:00:00+00:00", "ddcheck_version": "0.1.0", "commit": "abc"}
     first = junit_xml(verdicts, 3.0, made)
-    again = junit_xml([replace(v, seconds=v.seconds * 7) for v in verdicts], 9.5, {**made, "time": "2026-01-02T01:02:03"})
+    later = {**made, "time": "2026-01-02T01:02:03"}
+    again = junit_xml([replace(v, seconds=v.seconds * 7) for v in verdicts], 9.5, later)
     assert first != again and junit_run_to_run(first) == junit_run_to_run(again)
     assert 'time="' not in junit_run_to_run(first) and "abc" in junit_run_to_run(first)
     others = (junit_xml([verdicts[0], replace(verdicts[1], message="caught: kv")], 3.0, made),

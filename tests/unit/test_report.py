@@ -124,7 +124,8 @@ def test_page_run_to_run_drops_times_and_paths_and_keeps_what_was_found(tmp_path
     page_run_to_run takes those out; a different finding or commit is still a different page."""
     def page(name: str, **over) -> str:
         rec = {**summary("ddcheck run --budget 4", True, budget=4, fault=None), "oracle_s_per_step": 0.05,
-               "engine_s_per_step": 0.3, "ddcheck_version": "0.1.0", "commit": "abc", "time": "2026-01-01T00:00:00+00:00"}
+               "engine_s_per_step": 0.3, "ddcheck_version": "0.1.0", "commit": "abc",
+               "time": "2026-01-01T00:00:00+00:00"}
         (tmp_path / name).mkdir()
         out = tmp_path / name / "r.html"
         write_report([write(tmp_path / name / "r.jsonl", [{**rec, **over}])], out)
