@@ -69,7 +69,7 @@ def gate(case: str, device: str, work: Path, name: str, flags: list[str]) -> dic
     return {"name": name, "command": " ".join(["ddcheck", *cmd[3:]]).replace(str(work), "$WORK"),
             "exit": proc.returncode, "wall_s": round(wall, 1), "verdicts": verdicts, "records": records,
             "junit": junit_run_to_run(junit.read_text()), "html": page_run_to_run(page.read_text()),
-            "last_line": proc.stdout.strip().splitlines()[-1], "checkout": before,
+            "last_line": proc.stdout.strip().splitlines()[-1].replace(str(work), "$WORK"), "checkout": before,
             "checkout_changed": before != after and after}
 
 
