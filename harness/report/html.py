@@ -10,6 +10,7 @@ curve, both token streams and the reproduce command. It renders records only.
 Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from harness.report import assets
@@ -69,6 +70,22 @@ def _stamp(views: list[SettingView]) -> str:
         return ""
     commit = f", commit {m['commit']}" if m.get("commit") else ""
     return f"; ddcheck {m['ddcheck_version']}{commit}, {m.get('time', '')}"
+
+
+# what differs between two runs of the same settings: the facts read off the clock or naming the records file
+# (rows of `facts`), and the records' paths and write time in the header (`render`, `_stamp`)
+_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:oracle time per step|engine time per step|records)</th><td>)[^<]*(</td>)")
+_RUN_TO_RUN_SOURCES = re.compile(r'(<p class="sources">records: )[^<]*?(?=; ddcheck |</p>)')
+_RUN_TO_RUN_WRITTEN = re.compile(r'(<p class="sources">[^<]*, )\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?(?=</p>)')
+
+
+def page_run_to_run(page: str) -> str:
+    """A page of `render` without what differs between two runs of one matrix (times per step, the records'
+    paths and the time they were written): what two executors, or two runs, must agree on. The ddcheck
+    version and commit stay."""
+    for pattern, blank in ((_RUN_TO_RUN_FACTS, r"\1?\2"), (_RUN_TO_RUN_SOURCES, r"\1?"), (_RUN_TO_RUN_WRITTEN, r"\1?")):
+        page = pattern.sub(blank, page)
+    return page
 
 
 # ---------------------------------------------------------------- grid
