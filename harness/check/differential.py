@@ -24,6 +24,7 @@ from harness.check.records import NodeRecord, RecordWriter, StreamRecord
 from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+from harness.check.stop import RunStopped, StopWhy
 from harness.engine.ddtree.mask import kernel_visible
 from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
 
@@ -48,11 +49,14 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         return _load_divergence(p, summary, writer)
     progress = _Progress()
     try:
-        _run_checks(p, summary, writer, on_step, progress)
-    except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
-        _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
-    if summary.first is not None and localize and summary.verdict != "internal-error":
-        _localize(p, summary, writer)
+        try:
+            _run_checks(p, summary, writer, on_step, progress)
+        except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
+            _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
+        if summary.first is not None and localize and summary.verdict != "internal-error":
+            _localize(p, summary, writer)
+    except RunStopped as e:   # a signal or --timeout (check/stop.py): the records so far, a summary saying so
+        _stopped(summary, e, progress)
     if p.port:   # the port's entry again: its lineage now names the port code the run reached
         summary.port = p.port.describe()
     writer.write(summary_record(s, summary))
@@ -68,13 +72,22 @@ class _Progress:
     drift_pairs: list = field(default_factory=list)   # (rel_err, rounded_err) of every judged node: the run's drift
     ratios: list = field(default_factory=list)        # (noise ratio, step, request, node) of every judged node
     router_ties: RouterTies | None = None              # committed positions tied by a router flip, per request
+    clock: StepClock = field(default_factory=StepClock)   # engine and oracle seconds of the steps so far
+
+
+def _stopped(summary: CheckSummary, stop: RunStopped, progress: _Progress) -> None:
+    """The summary of a run stopped from outside: the reason, the steps' timing so far, a note."""
+    summary.stopped = stop.reason
+    if summary.engine_s_per_step is None:
+        summary.engine_s_per_step, summary.oracle_s_per_step = progress.clock.per_step(summary.steps)
+    summary.notes.append(StopWhy(stop.reason, stop.timeout_s).sentence(summary.steps))
 
 
 def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
                 on_step: Callable[[int, int], None] | None, progress: _Progress) -> None:
     s = p.settings
     tally = AcceptanceTally()
-    clock = StepClock()
+    clock = progress.clock
     # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
     threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
     for result in clock.timed(p.engine.rounds()):
@@ -181,6 +194,18 @@ def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> C
         summary.first = FirstDivergence(-1, -1, -1, None, False, None, "crash", crash.sentence())
         summary.fault_class, summary.explanation = "crash", crash.sentence()
     writer.write(crash.record(summary.setting))
+    writer.write(summary_record(s, summary))
+    return summary
+
+
+def write_stopped_summary(s: RunSettings, writer: RecordWriter, stop: RunStopped) -> CheckSummary:
+    """A stop check() did not keep (while the engine or the oracle was being built, or while the summary was
+    being written): the records so far and a summary of verdict `stopped` in place of any other."""
+    if writer.run_id is None:
+        writer.begin_run()
+    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
+    summary = CheckSummary(setting=s.command())
+    _stopped(summary, stop, _Progress())
     writer.write(summary_record(s, summary))
     return summary
 

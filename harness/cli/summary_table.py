@@ -98,6 +98,7 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
                           "port-error": "[red]PORT ERROR[/] (the port raised in its own code)",
-                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
+                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)",
+                          "stopped": f"[yellow]STOPPED[/] ({summary.stopped}; not a pass)"}[summary.verdict])
     console.print(t)
     typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut
