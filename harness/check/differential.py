@@ -79,9 +79,17 @@ class _Progress:
 def _stopped(summary: CheckSummary, stop: RunStopped, progress: _Progress) -> None:
     """The summary of a run stopped from outside: the reason, the steps' timing so far, a note."""
     summary.stopped = stop.reason
-    if summary.engine_s_per_step is None:
-        summary.engine_s_per_step, summary.oracle_s_per_step = progress.clock.per_step(summary.steps)
+    if summary.engine_warmup_s is None:
+        _note_times(summary, progress.clock)
     summary.notes.append(StopWhy(stop.reason, stop.timeout_s).sentence(summary.steps))
+
+
+def _note_times(summary: CheckSummary, clock: StepClock) -> None:
+    """Per-step times after the warm-up, the warm-up (step 0) apart, and their ratio (check/step_clock.py)."""
+    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    if summary.steps:
+        summary.engine_warmup_s, summary.oracle_warmup_s = clock.engine_warmup_s, clock.oracle_warmup_s
+    summary.oracle_time_ratio = clock.ratio()
 
 
 def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
@@ -121,7 +129,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
                                  f"{s.stop_after}); streams compared over the tokens emitted")
             break
         progress.in_step = False   # the engine's next round (or its end) is under way
-    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    _note_times(summary, clock)
     _check_drift(p, summary, progress.drift_pairs)
     _check_excess(p, summary, progress.ratios)
     tiles = getattr(p.engine.backend, "key_tiles", None)

@@ -81,8 +81,11 @@ class CheckSummary:
     divergent_steps: int = 0         # verify steps with at least one divergent node
     stopped_early: bool = False      # the run ended after --stop-after divergent steps
     stopped: str | None = None       # the run was stopped from outside: timeout | SIGINT | SIGTERM (check/stop.py)
-    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
-    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
+    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine, after step 0
+    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle, after step 0
+    engine_warmup_s: float | None = None    # step 0 in the engine (compilation, graph capture, prefill)
+    oracle_warmup_s: float | None = None    # step 0 in the check (the oracle's first forwards over the prompts)
+    oracle_time_ratio: float | None = None  # oracle over engine seconds after step 0 (null with one step)
     oracle_device: str | None = None        # where the float64 oracle computed
     oracle: str | None = None               # which: dense (the whole model held) or streamed (a layer at a time)
     oracle_reason: str | None = None        # why that one there (harness/check/oracle_placement.py)
