@@ -86,3 +86,17 @@ def test_root_path_rows_see_only_their_ancestors():
     b = oracle.tree_logits(PREFIX, [38, 4, 50], [-1, 0, 0])
     assert close(a[:2], b[:2]) and not close(a[2], b[2])
     assert close(a[1], oracle.model.forward(PREFIX + root_path([38, 4, 6], [-1, 0, 0], 1)).logits[-1])
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["held-float64", "held-bf16"])
+def test_rounded_weights_held_either_way_give_the_same_logits(wide):
+    """Held as float64 once (room enough) or in bf16 and widened per use: bit for bit the same model."""
+    model = DenseLlama(CFG, weights())
+    held, fresh = model.rounded(torch.bfloat16), model.rounded(torch.bfloat16)
+    held.hold_wide, fresh.hold_wide = wide, not wide
+    a, b = held.forward(PREFIX).logits, fresh.forward(PREFIX).logits
+    assert torch.equal(a, b) and not torch.equal(a, model.forward(PREFIX).logits)
+    dtypes = {t.dtype for t in held.stored_w.values()}
+    assert dtypes == ({torch.float64} if wide else {torch.bfloat16})
+    w = held._weight("model.layers.0.mlp.up_proj.weight")
+    assert torch.equal(w, w.to(torch.bfloat16).double())             # the values are bf16's
