@@ -106,6 +106,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
         _check_ranks(result, summary, writer)   # --tp: the cause, where a rank disagrees, before its logits
         with clock.oracle(), oracle_threads(threads):
+            _prepare_oracle_step(p, result.requests)
             steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
             judged = [_judge_request_step(rs, p) for rs in steps]
             tables = step_table(judged)   # compared on the device, one host copy per step
@@ -142,6 +143,18 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         _check_streams(p, summary, writer)
     summary.streams_s = streams["streams"]
     _add_notes(p, summary, progress.ignored_prefix_keys)
+
+
+def _prepare_oracle_step(p: Prepared, requests) -> None:
+    """Hand the oracle the whole step's trees first, where it can judge them together (the optional
+    `prepare_step` of ddschema/oracle.py: one pass over its weights for every request); the per-request
+    tree_logits / rounded_tree_logits calls below then read that pass."""
+    prepare = getattr(p.oracle, "prepare_step", None)
+    if prepare is None or not requests:
+        return
+    trees = [(list(rs.prefix), list(rs.tree.tokens), [-1] + [int(x) for x in rs.tree.parents[1:]])
+             for rs in requests]
+    prepare(trees, [(p.settings.dtype, bool(p.rounded_probabilities))] if p.rule is not None else [])
 
 
 def _crashed(p: Prepared, summary: CheckSummary, writer: RecordWriter, crash: Crash, progress: _Progress) -> None:
