@@ -259,7 +259,7 @@ class StreamedOracle(DenseOracle):
         too, all through each layer together. The answers stand until the next prepare_step."""
         lanes = [(self.model, self.prefixes)] + ([self._rounded(*rounded)] if rounded is not None else [])
         self.prepared = {}
-        self._answer(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k), tuple(int(x) for x in q))
+        self.prepared = self._answer(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k), tuple(int(x) for x in q))
                              for p, k, q in trees])
 
     def _judge(self, model: StreamedLlama, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
@@ -279,12 +279,12 @@ class StreamedOracle(DenseOracle):
 
     def _answered(self, model, prefixes, prefix, tokens, parents) -> Judged:
         key = (id(model), tuple(int(t) for t in prefix), tuple(int(t) for t in tokens), tuple(int(x) for x in parents))
-        if key not in self.prepared:
-            self._answer([(model, prefixes)], [key[1:]])
-        return self.prepared[key]
+        if key in self.prepared:
+            return self.prepared[key]
+        return self._answer([(model, prefixes)], [key[1:]])[key]   # not kept: asked once
 
-    def _answer(self, lanes: list[tuple[StreamedLlama, PrefixCache]], trees: list[tuple]) -> None:
-        """Every tree's answers for every lane into `prepared`: each leaf's root path over the prefix's
+    def _answer(self, lanes: list[tuple[StreamedLlama, PrefixCache]], trees: list[tuple]) -> dict[tuple, Judged]:
+        """Every tree's answers for every lane, by (id(model), prefix, tokens, parents): each leaf's root path over the prefix's
         K/V, the tokens the prefix gained since the cached one (the last step's commits, at most
         FOLD_MAX) in front of every leaf path, judged by none; the first path's K/V of them extend the cache."""
         for prefix, tokens, parents in trees:
@@ -292,7 +292,7 @@ class StreamedOracle(DenseOracle):
             if len(prefix) == 0:
                 raise ValueError("tree_logits needs a non-empty prefix")
         self._extend_far_prefixes(lanes, [t[0] for t in trees])
-        plans, runs = [], []
+        plans, runs, answers = [], [], {}
         for model, prefixes in lanes:
             bases = [prefixes.longest(prefix) for prefix, _, _ in trees]
             chains = [[ancestry(parents, leaf) for leaf in leaves(parents)] for _, _, parents in trees]   # root .. leaf
@@ -306,13 +306,14 @@ class StreamedOracle(DenseOracle):
         for (model, prefixes, bases, chains), results in zip(plans, run_many(runs)):
             for (prefix, tokens, parents), base, tree_chains in zip(trees, bases, chains):
                 mine, results = results[:len(tree_chains)], results[len(tree_chains):]
-                self.prepared[(id(model), prefix, tokens, parents)] = self._gather(tree_chains, mine, len(prefix) -
+                answers[(id(model), prefix, tokens, parents)] = self._gather(tree_chains, mine, len(prefix) -
                                                                                     len(base.tokens), len(tokens))
                 gained = len(prefix) - len(base.tokens)
                 if gained:   # the first path's K/V [gained, ...] of the gained tokens, per layer
                     ks = tuple(torch.cat([a, k[:gained]]) for a, k in zip(base.ks, mine[0].ks))
                     vs = tuple(torch.cat([a, v[:gained]]) for a, v in zip(base.vs, mine[0].vs))
                     prefixes.put(CausalPrefix(prefix, ks, vs))
+        return answers
 
     def _extend_far_prefixes(self, lanes, prefixes_asked: list[tuple[int, ...]]) -> None:
         """Prefixes with nothing cached, or more than FOLD_MAX tokens past the longest cached one: their

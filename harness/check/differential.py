@@ -84,6 +84,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
         _check_ranks(result, summary, writer)   # --tp: the cause, where a rank disagrees, before its logits
         with clock.oracle(), oracle_threads(threads):
+            _prepare_oracle_step(p, result.requests)
             for rs in result.requests:
                 rs = _engine_rows(rs, p.engine.cfg.vocab_size, summary)
                 ref = _check_request_step(rs, p, summary, writer, progress)
@@ -193,6 +194,17 @@ def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestS
         return rs
     summary.notes.append(f"step {rs.step}, request {rs.rid}: {wrong_shape}")
     return replace(rs, logits=logits)
+
+
+def _prepare_oracle_step(p: Prepared, requests) -> None:
+    """An oracle with `prepare_step` (the layer-streamed one) judges every request's tree of the step
+    in one pass over its weights, float64 and, under a noise rule, rounded; the per-request calls
+    below then read its answers."""
+    prepare = getattr(p.oracle, "prepare_step", None)
+    if prepare is None or not requests:
+        return
+    trees = [(list(rs.prefix), list(rs.tree.tokens), [-1] + [int(x) for x in rs.tree.parents[1:]]) for rs in requests]
+    prepare(trees, (p.settings.dtype, p.rounded_probabilities) if p.rule is not None else None)
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,

@@ -33,9 +33,20 @@ def test_auto_streams_on_the_gpu_before_the_dense_oracle_on_the_host():
     assert (plan.name, plan.device) == ("streamed", "cpu")
 
 
-def test_auto_never_streams_what_the_streamed_oracle_cannot_run():
-    plan = plan_oracle("auto", ["cuda:0", "cpu"], NEEDS, {"cuda:0": 100 * GIB, "cpu": 20 * GIB}, streamable=False)
-    assert (plan.name, plan.device) == ("dense", "cpu")
+def test_auto_streams_an_mla_moe_model_where_the_dense_oracle_does_not_fit(monkeypatch):
+    """tiny-deepseek-v3 (multi-head latent attention, routed experts) with host room for one
+    layer but not the whole model: auto loads the streamed oracle, whose reading agrees with the engine's."""
+    from harness.check import oracle_placement, prepare
+    from harness.engine.model.presets import checkpoint_dir
+    from reference.streamed import StreamedOracle
+    with checkpoint_dir("tiny-deepseek-v3", 0) as d:
+        needs = needs_of(prepare.load_checkpoint(d)[1])
+    room = (needs.dense + needs.streamed) // 2
+    monkeypatch.setattr(oracle_placement, "HOST_RESERVE_BYTES", 0)
+    monkeypatch.setattr(oracle_placement, "host_free_bytes", lambda: int(room / (1 - oracle_placement.RESERVE_FRACTION)))
+    loaded = prepare.load(RunSettings(model="tiny-deepseek-v3", backend="torch"))
+    assert loaded.oracle_plan.name == "streamed" and "do not" in loaded.oracle_plan.reason
+    assert isinstance(loaded.oracle, StreamedOracle) and loaded.load_mismatches == ()
 
 
 def test_nothing_fits_falls_back_to_the_last_device():
