@@ -181,17 +181,18 @@ class LazyCheckpoint:
     def _bytes(self, entry: TensorEntry, begin: int, end: int) -> Tensor:
         """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before
         widening. On the CPU it is a view of this thread's staging buffer (reused by its next read: widen
-        it first). Read at an offset (pread): threads share the open files, never a file position."""
+        it first); for a GPU the staging buffer is pinned host memory, copied before this returns.
+        Read at an offset (pread): threads share the open files, never a file position."""
         n = end - begin
         if n == 0:
             return torch.empty(0, dtype=entry.dtype, device=self.device)
-        staging = getattr(self.local, "staging", bytearray(0))
-        if len(staging) < n:
-            staging = self.local.staging = bytearray(n)   # grown to the largest read so far, kept
-        raw, done, fd = memoryview(staging)[:n], 0, self.files[entry.file].fileno()
+        staging = getattr(self.local, "staging", None)
+        if staging is None or staging.numel() < n:   # grown to the largest read so far, kept; pinned for a GPU
+            staging = self.local.staging = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        raw, done, fd = memoryview(staging[:n].numpy()), 0, self.files[entry.file].fileno()
         while done < n:   # one pread returns at most about 2 GiB
             got = os.preadv(fd, [raw[done:]], begin + done)
             if got <= 0:
                 raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
             done += got
-        return torch.frombuffer(raw, dtype=entry.dtype).to(self.device)
+        return staging[:n].view(entry.dtype).to(self.device)   # from pinned memory: the copy runs at full speed

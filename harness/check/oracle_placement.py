@@ -72,7 +72,7 @@ class OracleNeeds:
     """Bytes each oracle holds for a model, before activations (float64: 8 a parameter)."""
 
     dense: int      # every tensor
-    streamed: int   # the largest decoder layer plus one output-projection slice
+    streamed: int   # the largest decoder layer twice (one computed, the next read) plus one output-projection slice
 
     def __post_init__(self) -> None:
         if not 0 <= self.streamed <= self.dense:
@@ -107,7 +107,7 @@ def needs_of(weights: dict[str, torch.Tensor]) -> OracleNeeds:
             layers[layer] = layers.get(layer, 0) + t.numel()
     head = weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
     head_slice = 0 if head is None else min(head.shape[0], VOCAB_SLICE_ROWS) * head[0].numel()
-    streamed = min(weight_numel(weights), max(layers.values(), default=0) + head_slice)
+    streamed = min(weight_numel(weights), 2 * max(layers.values(), default=0) + head_slice)   # with prefetch
     return OracleNeeds(8 * weight_numel(weights), 8 * streamed)
 
 
