@@ -76,17 +76,36 @@ def run_oracle(oracle: str, a, ckpt: Path | str, work: Path) -> dict:
             "--out", str(records)]
     if a.backend:
         args += ["--backend", a.backend]
-    subprocess.run([sys.executable, __file__, "--child", str(figures), "--", *args], check=False, cwd=ROOT)
-    row = {"oracle_asked": oracle, "command": "ddcheck " + " ".join(args[:-2]), **json.loads(figures.read_text())}
+    proc, killed = subprocess.Popen([sys.executable, __file__, "--child", str(figures), "--", *args], cwd=ROOT), None
+    try:
+        proc.wait(timeout=a.run_timeout)
+    except subprocess.TimeoutExpired:   # a signal first: a run stopped by one may still write its records
+        killed = f"stopped after --run-timeout {a.run_timeout} s"
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    row = {"oracle_asked": oracle, "command": "ddcheck " + " ".join(args[:-2]), "killed": killed,
+           **(json.loads(figures.read_text()) if figures.exists() else {})}
     lines = records.read_text().splitlines() if records.exists() else []
-    summary = json.loads(lines[-1]) if lines else {}
+    summary = json.loads(lines[-1]) if lines and '"kind": "summary"' in lines[-1] else {}
     row.update({k: summary.get(k) for k in FIELDS})
+    row["node_records"] = sum('"kind": "node"' in ln for ln in lines)   # what a killed run judged before it ended
     return row
 
 
-def run_presets(a) -> list[dict]:
+def write_results(out: Path, header: dict, rows: list[dict]) -> None:
+    """The results file as it stands (written after every run: a killed script leaves the runs before)."""
+    out.write_text(json.dumps({**header, "command": " ".join(["python", "benchmarks/streamed_oracle.py",
+                                                              *sys.argv[1:]]), "runs": rows}, indent=1))
+
+
+def run_presets(a, out: Path) -> list[dict]:
     """Both oracles on each preset of --presets; each row with its streamed/dense per-step ratio."""
-    rows = []
+    rows, header = [], {"presets": a.presets.split(","), "steps": a.steps, "budget": a.budget, "topk": a.topk,
+                        "batch": a.batch}
     for preset in a.presets.split(","):
         with tempfile.TemporaryDirectory(prefix="ddcheck-streamed-") as tmp:
             pair = {o: run_oracle(o, a, preset, Path(tmp)) for o in ("dense", "streamed")}
@@ -96,6 +115,7 @@ def run_presets(a) -> list[dict]:
             rows.append({"preset": preset, **r, "streamed_over_dense": ratio})
         print(f"{preset:18} dense {dense or 0:.4f} s/step  streamed {streamed or 0:.4f} s/step  "
               f"ratio {ratio or 0:.2f}  verdicts {pair['dense']['verdict']}/{pair['streamed']['verdict']}", flush=True)
+        write_results(out, header, rows)
     return rows
 
 
@@ -118,6 +138,8 @@ def main() -> None:
     ap.add_argument("--oracles", default="dense,streamed", help="comma list of dense, streamed")
     ap.add_argument("--checkpoint", type=Path, default=None, help="reuse or write the checkpoint here")
     ap.add_argument("--tag", default="", help="suffix of the results file")
+    ap.add_argument("--run-timeout", type=float, default=None, help="seconds each ddcheck run may take (then killed; "
+                    "its row says so and counts the node records it wrote)")
     ap.add_argument("--shape", default="llama-3.1-70b",
                     help="benchmarks/random_checkpoint.py's shape (check: a smoke test)")
     a = ap.parse_args()
@@ -127,11 +149,7 @@ def main() -> None:
         a.backend = "torch"
     out = ROOT / "benchmarks" / "results" / f"streamed-oracle-{a.device}{'-' + a.tag if a.tag else ''}.json"
     if a.presets:
-        rows = run_presets(a)
-        out.write_text(json.dumps({"presets": a.presets.split(","), "steps": a.steps, "budget": a.budget,
-                                   "topk": a.topk, "batch": a.batch,
-                                   "command": " ".join(["python", "benchmarks/streamed_oracle.py", *sys.argv[1:]]),
-                                   "runs": rows}, indent=1))
+        run_presets(a, out)
         print(f"wrote {out.relative_to(ROOT)}")
         return
     from random_checkpoint import write
@@ -140,18 +158,19 @@ def main() -> None:
         started = time.perf_counter()
         if not (ckpt / "config.json").exists():
             write(a.shape, ckpt, a.device, cut={"num_hidden_layers": a.layers, "vocab_size": a.vocab})
-        write_s = time.perf_counter() - started
-        rows = [run_oracle(o, a, ckpt, Path(tmp)) for o in a.oracles.split(",")]
+        header = {"shape": a.shape, "layers": a.layers, "vocab": a.vocab, "steps": a.steps, "budget": a.budget,
+                  "topk": a.topk, "checkpoint_write_s": round(time.perf_counter() - started, 1)}
+        rows = []
+        write_results(out, header, rows)
+        for o in a.oracles.split(","):
+            rows.append(run_oracle(o, a, ckpt, Path(tmp)))
+            write_results(out, header, rows)
     print(f"{'oracle':9} {'verdict':8} {'steps':>5} {'engine s/step':>13} {'oracle s/step':>13} "
           f"{'weights GiB':>11} {'RSS GiB':>8} {'GPU GiB':>8} {'max rel err':>11}")
     for r in rows:
         print(f"{str(r['oracle']):9} {str(r['verdict']):8} {r['steps'] or 0:>5} {r['engine_s_per_step'] or 0:>13.3f} "
-              f"{r['oracle_s_per_step'] or 0:>13.3f} {r['oracle_weights_peak_gib']:>11.2f} {r['peak_rss_gib']:>8.2f} "
+              f"{r['oracle_s_per_step'] or 0:>13.3f} {r.get('oracle_weights_peak_gib', 0):>11.2f} {r.get('peak_rss_gib', 0):>8.2f} "
               f"{r.get('cuda_peak_allocated_gib', 0):>8.2f} {r['max_rel_err'] or 0:>11.2e}")
-    out.write_text(json.dumps({"shape": a.shape, "layers": a.layers, "vocab": a.vocab, "steps": a.steps,
-                               "budget": a.budget, "topk": a.topk, "checkpoint_write_s": round(write_s, 1),
-                               "command": " ".join(["python", "benchmarks/streamed_oracle.py", *sys.argv[1:]]),
-                               "runs": rows}, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
 
 
