@@ -3,15 +3,19 @@
 A 70B-class model in float64 (560 GB) fits no GPU and few hosts. This oracle
 never holds it: every forward runs layer by layer over every sequence it
 judges at once, reading layer l's weights from the checkpoint
-(reference/lazy_checkpoint.py), running every pending sequence's rows
-through it, and letting it go before layer l + 1. The embedding is read by
-the rows its tokens use, the output projection a slice of the vocabulary at
-a time. Memory: one layer's float64 weights, plus the activations and K/V
-of the sequences in flight (a step's prefix and its leaf paths).
+(reference/lazy_checkpoint.py; the next layer on a background thread,
+reference/layer_reader.py), running every pending sequence's rows through
+it, and letting it go before layer l + 1. `prepare_step` puts every request
+of a verify step, float64 and rounded, in one such pass. The embedding is
+read by the rows its tokens use, the output projection a slice of the
+vocabulary at a time, a routed expert when a token picks it. Memory: two
+layers' float64 weights (one computed, one read), plus the activations and
+K/V of the sequences in flight (a step's prefixes and leaf paths).
 
 The arithmetic is the whole-model oracle's own: DenseLlama's decoder_layer,
-embed and head (reference/model.py) over the weights held now, float64 on
-the oracle's device. What differs is the order of work, not the math: a
+embed and head (reference/model.py; DenseDeepseekV3's for MLA + MoE,
+reference/streamed_mla.py) over the weights held now, float64 on the
+oracle's device. What differs is the order of work, not the math: a
 step's leaf paths go through each layer together (their rows share the
 projections' matmuls), so a float64 result can differ from the one-forward-
 per-leaf whole-model oracle's in the last bits of a sum (tests hold both
