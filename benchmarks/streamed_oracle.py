@@ -12,7 +12,8 @@ memory and (on CUDA) its peak allocated GPU memory.
     .venv/bin/python benchmarks/streamed_oracle.py --device cuda --layers 32 --steps 4 --oracles streamed
     .venv/bin/python benchmarks/streamed_oracle.py --device cpu --presets tiny,small,tiny-deepseek-v3,tiny-kimi-k2
 
-Writes benchmarks/results/streamed-oracle-<device>[-<tag>].json and prints a table. With --presets, each
+Writes benchmarks/results/streamed-oracle-<device>-<tag>.json (default tag 70b-<layers>l) and prints a
+table. With --presets (results in streamed-oracle-<device>.json unless --tag), each
 preset (its seeded weights, no checkpoint written here) is judged by both oracles at --batch requests,
 and each row carries the streamed/dense ratio of oracle seconds per step.
 """
@@ -147,7 +148,8 @@ def main() -> None:
         ap.error("--layers and --steps must be >= 1, --vocab in [2, 128256]")
     if a.backend is None and a.device == "cpu":
         a.backend = "torch"
-    out = ROOT / "benchmarks" / "results" / f"streamed-oracle-{a.device}{'-' + a.tag if a.tag else ''}.json"
+    tag = a.tag or ("" if a.presets else f"70b-{a.layers}l")   # the presets' file is streamed-oracle-<device>.json
+    out = ROOT / "benchmarks" / "results" / f"streamed-oracle-{a.device}{'-' + tag if tag else ''}.json"
     if a.presets:
         run_presets(a, out)
         print(f"wrote {out.relative_to(ROOT)}")

@@ -61,8 +61,8 @@ class LayerReader:
             for layer in range(self.num_layers):
                 weights, ready = pending.result()
                 pending = None
-                if ready is not None:
-                    torch.cuda.current_stream(ready.device).wait_event(ready)
+                if ready is not None:   # the compute stream's next work waits for the copy
+                    ready.wait(torch.cuda.current_stream(self.stream.device))
                 if layer + 1 < self.num_layers:   # into the buffers layer - 1 used: its work is enqueued
                     pending = self.pool.submit(self._read, layer + 1, self._compute_done())
                 yield layer, self._on_demand(weights)
