@@ -107,26 +107,33 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, flags in plan:
             runs.append(gate(a.case, a.device, Path(tmp), name, flags))
-            if runs[-1]["checkout_changed"] or runs[-1]["checkout"] != runs[0]["checkout"]:
+            changed = write(a, runs, complete=len(runs) == len(plan))   # the runs so far survive a stop
+            if changed:
                 print(f"{name}: the checkout changed while the gates ran ({runs[0]['checkout']} -> "
                       f"{runs[-1]['checkout_changed'] or runs[-1]['checkout']}); the records are not comparable, "
                       "stopped", file=sys.stderr)
                 break
-    rows = [row(runs[0], r) for r in runs]
     print(f"{'executor':10} {'wall s':>7} {'exit':>4} {'settings':>8} {'failing':>7}  same verdicts/records/junit/html")
-    for r in rows:
+    for r in (row(runs[0], r) for r in runs):
         print(f"{r['executor']:10} {r['wall_s']:7.1f} {r['exit']:4d} {r['settings']:8d} {r['failing']:7d}  "
               f"{r['same_verdicts']}/{r['same_records']}/{r['same_junit']}/{r['same_html']}")
-    import ray
-    changed = [r["executor"] for r in rows if r["checkout_changed"] or r["checkout"] != rows[0]["checkout"]]
-    doc = {"case": a.case, "device": a.device, "cpus": os.cpu_count(), "machine": platform.machine(),
-           "python": platform.python_version(), "ray": ray.__version__, "checkout": runs[0]["checkout"],
-           "checkout_changed_in": changed, "load_avg_at_end": os.getloadavg(), "runs": rows}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {a.out}")
     if changed:
         raise SystemExit(1)
+
+
+def write(a: argparse.Namespace, runs: list[dict], complete: bool) -> list[str]:
+    """The JSON of the runs so far; the runs during which the checkout changed."""
+    import ray
+    rows = [row(runs[0], r) for r in runs]
+    changed = [r["executor"] for r in rows if r["checkout_changed"] or r["checkout"] != rows[0]["checkout"]]
+    doc = {"case": a.case, "device": a.device, "cpus": os.cpu_count(), "machine": platform.machine(),
+           "python": platform.python_version(), "ray": ray.__version__, "checkout": runs[0]["checkout"],
+           "checkout_changed_in": changed, "complete": complete and not changed, "load_avg": os.getloadavg(),
+           "runs": rows}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return changed
 
 
 if __name__ == "__main__":
