@@ -5,7 +5,10 @@ agree on: same_run_to_run, junit_run_to_run, page_run_to_run). Prints a
 table; writes benchmarks/results/ray-gate-cpu.json.
 
     python benchmarks/ray_gate.py [--workers 1,2,4] [--pool-jobs N] [--pool-twice] [--case cases/gate.toml]
-                                  [--device cpu]
+                                  [--matrix LABEL] [--device cpu]
+
+--matrix general runs only the case's matrix of that label (its prompts, no
+other matrix, no faults): the 48 settings of the default gate's general matrix.
 
 Needs Ray (pip install 'ddcheck[ray]'). Each run is `python -m harness gate`
 in a child process, so each Ray run starts and stops its own local cluster.
@@ -21,6 +24,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -73,6 +77,18 @@ def gate(case: str, device: str, work: Path, name: str, flags: list[str]) -> dic
             "checkout_changed": before != after and after}
 
 
+def one_matrix(case: Path, label: str, into: Path) -> Path:
+    """The case file cut to its prompts and the [[matrix]] tables labelled `label` (no faults)."""
+    head, *tables = re.split(r"(?m)^(?=\[\[)", case.read_text())
+    keep = [t for t in tables if t.startswith("[[prompts]]")
+            or (t.startswith("[[matrix]]") and re.search(rf'(?m)^label\s*=\s*"{re.escape(label)}"', t))]
+    if not any(t.startswith("[[matrix]]") for t in keep):
+        raise SystemExit(f"{case}: no [[matrix]] labelled {label!r}")
+    out = into / f"{case.stem}-{label}.toml"
+    out.write_text(head + "".join(keep))
+    return out
+
+
 def first_record_diff(pool: dict, run: dict) -> dict | None:
     """The first record that differs from the pool's: its line, kind and the keys that differ."""
     for i, (x, y) in enumerate(zip(pool["records"], run["records"])):
@@ -97,36 +113,46 @@ def main() -> None:
     ap.add_argument("--pool-jobs", type=int, default=os.cpu_count() or 1, help="the pool's --jobs")
     ap.add_argument("--pool-twice", action="store_true", help="run the pool a second time: two runs of one executor")
     ap.add_argument("--case", default="cases/gate.toml")
+    ap.add_argument("--matrix", help="only the case's matrix of this label (e.g. general), no faults")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/ray-gate-cpu.json")
     a = ap.parse_args()
-    plan = [("pool", ["--jobs", str(a.pool_jobs)])] * (1 + a.pool_twice)
-    plan = [(f"pool-{i + 1}" if a.pool_twice else name, f) for i, (name, f) in enumerate(plan)]
+    pools = [("pool-1", ["--jobs", str(a.pool_jobs)]), ("pool-2", ["--jobs", str(a.pool_jobs)])]
+    plan = [pools[0] if a.pool_twice else ("pool", pools[0][1])]
     plan += [(f"ray-{n}", ["--executor", "ray", "--workers", str(n)]) for n in map(int, a.workers.split(","))]
+    plan += pools[1:] * a.pool_twice   # last: the executors first where time is short
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
+        case = str(one_matrix(ROOT / a.case, a.matrix, Path(tmp))) if a.matrix else a.case
         for name, flags in plan:
-            runs.append(gate(a.case, a.device, Path(tmp), name, flags))
-            if runs[-1]["checkout_changed"] or runs[-1]["checkout"] != runs[0]["checkout"]:
+            runs.append(gate(case, a.device, Path(tmp), name, flags))
+            changed = write(a, runs, complete=len(runs) == len(plan))   # the runs so far survive a stop
+            if changed:
                 print(f"{name}: the checkout changed while the gates ran ({runs[0]['checkout']} -> "
                       f"{runs[-1]['checkout_changed'] or runs[-1]['checkout']}); the records are not comparable, "
                       "stopped", file=sys.stderr)
                 break
-    rows = [row(runs[0], r) for r in runs]
     print(f"{'executor':10} {'wall s':>7} {'exit':>4} {'settings':>8} {'failing':>7}  same verdicts/records/junit/html")
-    for r in rows:
+    for r in (row(runs[0], r) for r in runs):
         print(f"{r['executor']:10} {r['wall_s']:7.1f} {r['exit']:4d} {r['settings']:8d} {r['failing']:7d}  "
               f"{r['same_verdicts']}/{r['same_records']}/{r['same_junit']}/{r['same_html']}")
-    import ray
-    changed = [r["executor"] for r in rows if r["checkout_changed"] or r["checkout"] != rows[0]["checkout"]]
-    doc = {"case": a.case, "device": a.device, "cpus": os.cpu_count(), "machine": platform.machine(),
-           "python": platform.python_version(), "ray": ray.__version__, "checkout": runs[0]["checkout"],
-           "checkout_changed_in": changed, "load_avg_at_end": os.getloadavg(), "runs": rows}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {a.out}")
     if changed:
         raise SystemExit(1)
+
+
+def write(a: argparse.Namespace, runs: list[dict], complete: bool) -> list[str]:
+    """The JSON of the runs so far; the runs during which the checkout changed."""
+    import ray
+    rows = [row(runs[0], r) for r in runs]
+    changed = [r["executor"] for r in rows if r["checkout_changed"] or r["checkout"] != rows[0]["checkout"]]
+    doc = {"case": a.case, "matrix": a.matrix, "device": a.device, "cpus": os.cpu_count(), "machine": platform.machine(),
+           "python": platform.python_version(), "ray": ray.__version__, "checkout": runs[0]["checkout"],
+           "checkout_changed_in": changed, "complete": complete and not changed, "load_avg": os.getloadavg(),
+           "runs": rows}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return changed
 
 
 if __name__ == "__main__":
