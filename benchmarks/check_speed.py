@@ -101,7 +101,7 @@ def judge_step(p, s: RunSettings, result, kept: CausalTwin, fresh: CausalTwin) -
     return step_t, rows
 
 
-def components(s: RunSettings, steps: int) -> dict:
+def components(s: RunSettings, steps: int, on_step=lambda partial: None) -> dict:
     """Seconds per verify step (after step 0) of each component, both ways, over the same steps."""
     p = prepare(s, prompts_for(s))
     kept = CausalTwin(p.engine.model, p.engine.kernel, s.device, p.engine.max_context + p.engine.q_len)
@@ -122,31 +122,45 @@ def components(s: RunSettings, steps: int) -> dict:
         done += 1
         print(f"step {done - 1}: " + ", ".join(f"{k} {v:.3f} s" for k, v in step_t.items()), file=sys.stderr,
               flush=True)
+        out = {k: round(v / max(done - 1, 1), 4) for k, v in t.items()}
+        out.update(steps_after_warmup=done - 1, twin_max_abs_diff=twin_err)
+        on_step(out)
         if done > steps:
             break
-    after = max(done - 1, 1)
-    out = {k: round(v / after, 4) for k, v in t.items()}
-    out.update(steps_after_warmup=done - 1, twin_max_abs_diff=twin_err)
     return out
 
 
-def whole_check(s: RunSettings, checkout: Path, label: str) -> dict:
-    """`ddcheck run` of the setting with `checkout`'s code: the summary's figures and the wall seconds."""
+def whole_check(s: RunSettings, checkout: Path, label: str, timeout_s: float | None, own: bool) -> dict:
+    """`ddcheck run` of the setting with `checkout`'s code: the summary's figures and the wall seconds. With
+    timeout_s, this checkout's run takes --timeout (its records so far and a `stopped` summary); any run gets
+    SIGTERM a minute after it, and SIGKILL a minute after that."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.jsonl"
         cmd = [sys.executable, "-m", "harness", "run", *s.command().split()[2:], "--out", str(out)]
+        if timeout_s and own:
+            cmd += ["--timeout", str(timeout_s)]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
-                           capture_output=True, text=True)
+        proc = subprocess.Popen(cmd, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = proc.communicate(timeout=timeout_s + 60 if timeout_s else None)
+        except subprocess.TimeoutExpired:
+            proc.terminate()   # the watchdog forwards it (a run of an older checkout may leave nothing)
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+        r = subprocess.CompletedProcess(cmd, proc.returncode, "", err)
         wall = time.perf_counter() - t0
         lines = out.read_text().splitlines() if out.exists() else []
     records = [json.loads(x) for x in lines]
     summary = next((x for x in reversed(records) if x.get("kind") == "summary"), {})
-    keys = ("verdict", "steps", "nodes_checked", "divergent_nodes", "engine_s_per_step", "oracle_s_per_step",
+    keys = ("verdict", "stopped", "steps", "nodes_checked", "divergent_nodes", "engine_s_per_step", "oracle_s_per_step",
             "engine_warmup_s", "oracle_warmup_s", "oracle_time_ratio", "max_noise_ratio")
     row = {"code": label, "exit": r.returncode, "wall_s": round(wall, 2), **{k: summary.get(k) for k in keys}}
     row["node_verdicts"] = [x["verdict"] for x in records if x.get("kind") == "node"]
-    if r.returncode not in (0, 1):
+    if r.returncode not in (0, 1, 124):
         row["stderr_tail"] = r.stderr[-2000:]
     return row
 
@@ -172,6 +186,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="verify steps after step 0 timed by component")
     ap.add_argument("--baseline", type=Path, help="a checkout of older code: its whole check too")
     ap.add_argument("--skip-components", action="store_true")
+    ap.add_argument("--skip-whole", action="store_true")
+    ap.add_argument("--run-timeout", type=float, help="seconds: this checkout's run gets --timeout, any run SIGTERM "
+                    "a minute after")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "check-speed-cpu.json")
     a = ap.parse_args()
     torch.set_num_threads(threads_from_env(os.environ))   # as the CLI runs the engine (DDCHECK_THREADS)
@@ -183,17 +200,19 @@ def main() -> None:
     def save() -> None:   # after each part: a run cut short keeps what it measured
         a.out.write_text(json.dumps(result, indent=1) + "\n")
     if not a.skip_components:
-        result["components_s_per_step"] = components(s, a.steps)
+        def partial(c: dict) -> None:
+            result["components_s_per_step"] = c
+            save()
+        components(s, a.steps, partial)
+    if not a.skip_whole:
+        result["whole_check"] = [whole_check(s, ROOT, "this checkout", a.run_timeout, own=True)]
+        verdicts = result["whole_check"][0].pop("node_verdicts")
         save()
-    result["whole_check"] = [whole_check(s, ROOT, "this checkout")]
-    save()
-    if a.baseline:
-        result["whole_check"].append(whole_check(s, a.baseline.resolve(), f"baseline {a.baseline.name}"))
-        base, new = result["whole_check"][1], result["whole_check"][0]
-        result["same_node_verdicts"] = base.pop("node_verdicts") == new["node_verdicts"]
-    for row in result["whole_check"]:
-        row.pop("node_verdicts", None)
-    save()
+        if a.baseline:
+            result["whole_check"].append(whole_check(s, a.baseline.resolve(), f"baseline {a.baseline.name}",
+                                                     a.run_timeout, own=False))
+            result["same_node_verdicts"] = result["whole_check"][1].pop("node_verdicts") == verdicts
+            save()
     print_table(result)
 
 
@@ -207,9 +226,11 @@ def print_table(result: dict) -> None:
             print(f"{name:40} {c[before]:9.3f} {c[now]:9.3f} {c[before] / max(c[now], 1e-9):8.2f}x")
         print(f"{'oracle (float64 rows, rounded rows)':40} {c['oracle']:9.3f}")
         print(f"twin: largest |kept - prefilled| logit {c['twin_max_abs_diff']:.3g}")
+    if not result.get("whole_check"):
+        return
     print(f"{'whole check':22} {'exit':>4} {'wall s':>8} {'steps':>5} {'engine s':>9} {'oracle s':>9} "
           f"{'ratio':>6} {'warm-up e/o s':>14} verdict")
-    for r in result["whole_check"]:
+    for r in result.get("whole_check", []):
         ratio = r["oracle_time_ratio"] or ((r["oracle_s_per_step"] or 0) / max(r["engine_s_per_step"] or 1e-9, 1e-9))
         warm = f"{r['engine_warmup_s']:.1f}/{r['oracle_warmup_s']:.1f}" if r.get("engine_warmup_s") is not None else "-"
         print(f"{r['code'][:22]:22} {r['exit']:>4} {r['wall_s']:8.1f} {r['steps'] or 0:>5} "
