@@ -3,6 +3,7 @@ after the oracle judged a step in one pass (issue 22 point 3).
 
     PYTHONPATH=. .venv/bin/python benchmarks/oracle_speed.py [--model smollm2-135m] [--dtype bfloat16]
         [--settings 16:1:1,32:4:4] [--max-new-tokens 16] [--device cpu] [--out benchmarks/results/oracle-speed-cpu.json]
+        [--drafter noisy] [--cuda-graph] [--prompt-lens 640,900]   (benchmarks/oracle_speed_gpu.sh: the 8B shape)
 
 Each setting (budget:topk:batch) runs the whole differential check twice on
 one loading of the model, the oracle's state emptied before each run:
@@ -111,6 +112,9 @@ def main() -> None:
     ap.add_argument("--settings", default="16:1:1,32:4:4")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--modes", default="before,after")
+    ap.add_argument("--drafter", default="auto", help="noisy for a random checkpoint (the seeded stand-in)")
+    ap.add_argument("--cuda-graph", action="store_true")
+    ap.add_argument("--prompt-lens", default="", help="comma list of prompt lengths (--prompt-len), e.g. 640,900")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/oracle-speed-cpu.json"))
     a = ap.parse_args()
     settings, modes = parse_settings(a.settings), a.modes.split(",")
@@ -118,11 +122,14 @@ def main() -> None:
     if not set(modes) <= {"before", "after"}:
         print("--modes takes before and/or after", file=sys.stderr)
         sys.exit(2)
-    base = RunSettings(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device,
-                       max_new_tokens=a.max_new_tokens)
+    lens = tuple(int(x) for x in a.prompt_lens.split(",") if x.strip()) or None
+    base = RunSettings(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, oracle_device=a.device,
+                       max_new_tokens=a.max_new_tokens, drafter=a.drafter, cuda_graph=a.cuda_graph, prompt_lens=lens)
     loaded = load(base)
     rows: list[dict] = []
     meta = dict(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, max_new_tokens=a.max_new_tokens,
+                cuda_graph=a.cuda_graph, prompt_lens=lens, drafter=a.drafter,
+                gpu=torch.cuda.get_device_name() if a.device.startswith("cuda") else None,
                 command=" ".join(sys.argv), note="before/after interleaved on one loading; summary figures")
     for budget, topk, batch in settings:
         s = replace(base, budget=budget, topk=topk, batch=batch)
