@@ -1,12 +1,14 @@
 """DenseOracle: the ddschema Oracle protocol answered by brute force.
 
-Every answer comes from a plain causal float64 forward of DenseLlama over an
-explicit token sequence: no tree mask, no paged cache, nothing from the
-engine. The only work shared is what causality makes identical
-(reference/prefix_cache.py): a committed prefix's K/V, computed once and
-extended, and one forward per leaf's root path, whose positions are the
-last positions of every ancestor's own path. Tests hold both equal to a
-fresh forward per node to 1e-12.
+Every answer is defined by a plain causal float64 forward of DenseLlama over
+an explicit token sequence: no paged cache, nothing from the engine. The
+only work shared is what causality makes identical: a committed prefix's
+K/V, computed once and extended (reference/prefix_cache.py), and a step's
+tree nodes packed into one forward where each row sees exactly its own path
+(reference/packed.py: its own mask, not the engine's), every request of the
+step in the same pass (prepare_step); multi-head latent attention runs one
+forward per leaf's root path instead. Tests hold each equal to a fresh
+forward per node to 1e-12.
 """
 from __future__ import annotations
 
