@@ -182,3 +182,27 @@ def test_lazy_reads_rows_of_the_embedding():
         assert torch.equal(lazy.rows("lm_head.weight", 3, 9), dense.weight("lm_head.weight")[3:9])
         with pytest.raises(KeyError):
             lazy.read("model.layers.9.mlp.up_proj.weight")
+
+
+def test_a_batched_bf16_run_judges_each_step_in_its_prepared_pass(tmp_path, monkeypatch):
+    """`ddcheck run` hands the streamed oracle every request's tree of a step first: each
+    tree_logits / rounded_tree_logits of the check is then answered from that step's pass."""
+    from typer.testing import CliRunner
+
+    from harness.cli import _register, app
+    asked, answered = [], StreamedOracle._answered
+
+    def counted(self, model, prefixes, prefix, tokens, parents):
+        key = (id(model), tuple(prefix), tuple(tokens), tuple(parents))
+        asked.append(key in self.prepared)
+        return answered(self, model, prefixes, prefix, tokens, parents)
+    monkeypatch.setattr(StreamedOracle, "_answered", counted)
+    _register()
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["run", "--model", "tiny", "--budget", "8", "--max-new-tokens", "3",
+                                      "--batch", "2", "--dtype", "bfloat16", "--no-cuda-graph", "--backend", "torch",
+                                      "--oracle", "streamed", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert summary["oracle"] == "streamed" and summary["steps"] >= 1
+    assert all(asked) and len(asked) > 2 * summary["steps"]   # (float64, rounded) x requests: none a pass of its own
