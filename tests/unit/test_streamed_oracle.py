@@ -173,9 +173,13 @@ def test_mla_moe_answers_as_dense(preset):
         assert len(experts_read) == 3 * len(wanted)   # gate, up and down projections, once each
 
 
-def test_lazy_reads_rows_of_the_embedding():
+def test_lazy_reads_rows_of_the_embedding(monkeypatch):
+    from reference import lazy_checkpoint
     with checkpoint_dir("tiny", 0) as d:
         lazy, dense = LazyCheckpoint(d), DenseOracle.from_checkpoint(d)
+        monkeypatch.setattr(lazy_checkpoint, "READ_CHUNK", 1000)   # a tensor read in chunks by several threads
+        for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight"):
+            assert torch.equal(lazy.read(name), dense.weight(name))
         ids = torch.tensor([5, 1, 5, 127])
         assert torch.equal(lazy.gather_rows("model.embed_tokens.weight", ids),
                            dense.weight("model.embed_tokens.weight")[ids])
