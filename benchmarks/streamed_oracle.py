@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -104,18 +105,23 @@ def write_results(out: Path, header: dict, rows: list[dict]) -> None:
 
 
 def run_presets(a, out: Path) -> list[dict]:
-    """Both oracles on each preset of --presets; each row with its streamed/dense per-step ratio."""
+    """Both oracles on each preset of --presets, --repeats times (the order alternating); each row with
+    its preset's streamed/dense ratio of the median oracle seconds per step."""
     rows, header = [], {"presets": a.presets.split(","), "steps": a.steps, "budget": a.budget, "topk": a.topk,
-                        "batch": a.batch}
+                        "batch": a.batch, "repeats": a.repeats}
     for preset in a.presets.split(","):
-        with tempfile.TemporaryDirectory(prefix="ddcheck-streamed-") as tmp:
-            pair = {o: run_oracle(o, a, preset, Path(tmp)) for o in ("dense", "streamed")}
-        dense, streamed = (pair[o]["oracle_s_per_step"] for o in ("dense", "streamed"))
-        ratio = streamed / dense if dense and streamed else None
-        for r in pair.values():
-            rows.append({"preset": preset, **r, "streamed_over_dense": ratio})
-        print(f"{preset:18} dense {dense or 0:.4f} s/step  streamed {streamed or 0:.4f} s/step  "
-              f"ratio {ratio or 0:.2f}  verdicts {pair['dense']['verdict']}/{pair['streamed']['verdict']}", flush=True)
+        runs = []
+        for r in range(a.repeats):
+            with tempfile.TemporaryDirectory(prefix="ddcheck-streamed-") as tmp:
+                for o in (("dense", "streamed") if r % 2 == 0 else ("streamed", "dense")):
+                    runs.append(run_oracle(o, a, preset, Path(tmp)))
+        per_step = {o: statistics.median(x["oracle_s_per_step"] for x in runs if x["oracle_asked"] == o
+                                         and x["oracle_s_per_step"]) for o in ("dense", "streamed")}
+        ratio = per_step["streamed"] / per_step["dense"]
+        rows += [{"preset": preset, **x, "median_oracle_s_per_step": per_step[x["oracle_asked"]],
+                  "streamed_over_dense": ratio} for x in runs]
+        print(f"{preset:18} dense {per_step['dense']:.4f} s/step  streamed {per_step['streamed']:.4f} s/step  "
+              f"ratio {ratio:.2f}  verdicts {sorted({x['verdict'] for x in runs})}", flush=True)
         write_results(out, header, rows)
     return rows
 
@@ -130,6 +136,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1, help="decoder layers of the 70B shape kept")
     ap.add_argument("--presets", default=None, help="comma list of presets judged by both oracles instead")
     ap.add_argument("--batch", type=int, default=1, help="requests per step")
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each oracle on each preset (the median kept)")
     ap.add_argument("--steps", type=int, default=4, help="--max-new-tokens of each run (the seeded stand-in drafter: "
                     "about one token a step on random weights)")
     ap.add_argument("--vocab", type=int, default=128256, help="vocabulary rows kept (the full 128256 by default)")

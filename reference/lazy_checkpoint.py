@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,19 @@ from reference.checkpoint import (SAFETENSORS_DTYPES, CheckpointRefused, read_ch
                                   with_tensors)
 
 INDEX = "model.safetensors.index.json"
+READ_CHUNK = 64 << 20   # a large tensor's bytes are read in chunks of this size by several threads at once
+_READERS = ThreadPoolExecutor(4, thread_name_prefix="oracle-pread")   # copying from the page cache: one thread
+                                                                        # alone does not reach the memory's speed
+
+
+def _pread(fd: int, into: memoryview, offset: int, file: Path) -> None:
+    """Fill `into` with the file's bytes from `offset` (one pread returns at most about 2 GiB)."""
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done)
+        if got <= 0:
+            raise CheckpointRefused(f"{file.name}: a tensor runs past the end of the file")
+        done += got
 
 
 @dataclass(frozen=True)
@@ -189,10 +203,7 @@ class LazyCheckpoint:
         staging = getattr(self.local, "staging", None)
         if staging is None or staging.numel() < n:   # grown to the largest read so far, kept; pinned for a GPU
             staging = self.local.staging = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        raw, done, fd = memoryview(staging[:n].numpy()), 0, self.files[entry.file].fileno()
-        while done < n:   # one pread returns at most about 2 GiB
-            got = os.preadv(fd, [raw[done:]], begin + done)
-            if got <= 0:
-                raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
-            done += got
+        raw, fd = memoryview(staging[:n].numpy()), self.files[entry.file].fileno()
+        chunks = [(start, min(n, start + READ_CHUNK)) for start in range(0, n, READ_CHUNK)]
+        list(_READERS.map(lambda c: _pread(fd, raw[c[0]:c[1]], begin + c[0], entry.file), chunks))
         return staging[:n].view(entry.dtype).to(self.device)   # from pinned memory: the copy runs at full speed

@@ -173,12 +173,40 @@ def test_mla_moe_answers_as_dense(preset):
         assert len(experts_read) == 3 * len(wanted)   # gate, up and down projections, once each
 
 
-def test_lazy_reads_rows_of_the_embedding():
+def test_lazy_reads_rows_of_the_embedding(monkeypatch):
+    from reference import lazy_checkpoint
     with checkpoint_dir("tiny", 0) as d:
         lazy, dense = LazyCheckpoint(d), DenseOracle.from_checkpoint(d)
+        monkeypatch.setattr(lazy_checkpoint, "READ_CHUNK", 1000)   # a tensor read in chunks by several threads
+        for name in ("model.embed_tokens.weight", "model.layers.1.mlp.down_proj.weight"):
+            assert torch.equal(lazy.read(name), dense.weight(name))
         ids = torch.tensor([5, 1, 5, 127])
         assert torch.equal(lazy.gather_rows("model.embed_tokens.weight", ids),
                            dense.weight("model.embed_tokens.weight")[ids])
         assert torch.equal(lazy.rows("lm_head.weight", 3, 9), dense.weight("lm_head.weight")[3:9])
         with pytest.raises(KeyError):
             lazy.read("model.layers.9.mlp.up_proj.weight")
+
+
+def test_a_batched_bf16_run_judges_each_step_in_its_prepared_pass(tmp_path, monkeypatch):
+    """`ddcheck run` hands the streamed oracle every request's tree of a step first: each
+    tree_logits / rounded_tree_logits of the check is then answered from that step's pass."""
+    from typer.testing import CliRunner
+
+    from harness.cli import _register, app
+    asked, answered = [], StreamedOracle._answered
+
+    def counted(self, model, prefixes, prefix, tokens, parents):
+        key = (id(model), tuple(prefix), tuple(tokens), tuple(parents))
+        asked.append(key in self.prepared)
+        return answered(self, model, prefixes, prefix, tokens, parents)
+    monkeypatch.setattr(StreamedOracle, "_answered", counted)
+    _register()
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(app, ["run", "--model", "tiny", "--budget", "8", "--max-new-tokens", "3",
+                                      "--batch", "2", "--dtype", "bfloat16", "--no-cuda-graph", "--backend", "torch",
+                                      "--oracle", "streamed", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert summary["oracle"] == "streamed" and summary["steps"] >= 1
+    assert all(asked) and len(asked) > 2 * summary["steps"]   # (float64, rounded) x requests: none a pass of its own
