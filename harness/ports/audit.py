@@ -23,7 +23,7 @@ SEVERITIES = ("error", "warning")
 class Finding:
     check: str        # mask-inverted | mask-padding-visible | mask-extra-key | mask-missing-key | mask-prefix-blocked |
                       # padding-row-empty | mask-layout | mask-length | position | input-id |
-                      # padding-convention | accept | commit-slot | commit-kv | slot-leak
+                      # padding-convention | accept | commit-slot | commit-kv | slot-leak | served-width
     severity: str
     step: int
     request: int
