@@ -175,8 +175,14 @@ VARIANTS = {
                       "accept_token_num=torch.zeros(bs, dtype=torch.int32), candidates=cand, "
                       "retrieve_index=torch.arange(bs * q).view(bs, q), retrieve_next_token=self.retrieve_next_token, "
                       "retrieve_next_sibling=self.retrieve_next_sibling, target_predict=target, topk=1)\n"
-                      "        self.greedy_rows = g[1].tolist()\n"
-                      "        keep, lens, bonus = [], [], []\n        for b in range(bs):\n")],
+                      "        keep, lens, bonus = [], [], []\n        for b in range(bs):\n"),
+                      # ... and its result is what the port accepts (a stand-in that does not walk fails here)
+                      ("info", "        kept = torch.tensor(keep)\n",
+                       "        acc, pred = torch.as_tensor(g[1]).view(bs, -1), torch.as_tensor(g[0])\n"
+                       "        keep = [int(i) for b in range(bs) for i in acc[b] if int(i) != -1]\n"
+                       "        lens = [int((acc[b] != -1).sum()) for b in range(bs)]\n"
+                       "        bonus = [int(pred[int(acc[b][lens[b] - 1])]) for b in range(bs)]\n"
+                       "        kept = torch.tensor(keep)\n")],
     # the commit inside tree_verify writes the accepted slots one position late
     "commit_late": ("info", "                                      batch.seq_lens, end, batch.out_cache_loc, bs)",
                     "                                      batch.seq_lens + 1, end + 1, batch.out_cache_loc, bs)"),
