@@ -388,7 +388,8 @@ def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordW
     finite = [torch.isfinite(rs.logits).all(-1).tolist() for rs in reqs]   # per request: [q_len] bool
     findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
                             [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
-                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite))
+                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite),
+                            getattr(getattr(p.engine, "serving", None), "last_served", None))
     for f in findings:
         writer.write(f.record(summary.setting))
         if f.severity == "error":

@@ -91,6 +91,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
             lin = pt["lineage"]
             at = f"at {lin['commit'][:12]}" if lin.get("commit") else "(commit unknown: not a git checkout)"
             t.add_row("port code run", escape(f"{', '.join(lin['files'])} {at}: {', '.join(lin['reached']) or 'nothing'}"))
+        if pt.get("served_verify_input"):   # what SGLang's TritonAttnBackend received (a serving backend)
+            t.add_row("SGLang received", escape(", ".join(pt["served_verify_input"])))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
                                   + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
     if summary.explanation:
