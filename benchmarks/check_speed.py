@@ -140,7 +140,7 @@ def whole_check(s: RunSettings, checkout: Path, label: str, timeout_s: float | N
         if timeout_s and own:
             cmd += ["--timeout", str(timeout_s)]
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=checkout, env={**os.environ, "PYTHONPATH": str(checkout)},
+        proc = subprocess.Popen(cmd, cwd=checkout, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _, err = proc.communicate(timeout=timeout_s + 60 if timeout_s else None)
