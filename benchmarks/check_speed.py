@@ -113,7 +113,7 @@ def components(s: RunSettings, steps: int, on_step=lambda partial: None) -> dict
     for result in p.engine.rounds():
         with oracle_threads(threads):
             step_t, rows = judge_step(p, s, result, kept, fresh)
-            timed(lambda: step_table(rows), step_t, "compare_table")
+            timed(lambda: step_table(rows, s.device), step_t, "compare_table")
             timed(lambda: [per_node(r) for r in rows], step_t, "compare_per_node")
         twin_err = max(twin_err, step_t.pop("twin_diff"))
         if done:   # step 0 is the warm-up

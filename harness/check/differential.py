@@ -109,7 +109,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             _prepare_oracle_step(p, result.requests)
             steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
             judged = [_judge_request_step(rs, p) for rs in steps]
-            tables = step_table(judged)   # compared on the device, one host copy per step
+            tables = step_table(judged, p.settings.device)   # compared on the run's device, one host copy per step
             for rs, j, rows in zip(steps, judged, tables):
                 _check_request_step(rs, p, summary, writer, progress, rows)
                 _cross_check_acceptance(rs, s.accept, summary, writer)

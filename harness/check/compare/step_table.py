@@ -2,9 +2,11 @@
 
 The per-node quantities of every request of a step (compare/metrics.py's NodeMetrics; under the noise-floor
 verdict also the twin's and the rounded computation's errors, the engine's distance from its twin and the three
-relative L2 errors) are computed where the engine's logits are (the GPU on a GPU run: the oracle's float64 rows
-are moved there, never the engine's full-vocabulary rows to the host), stacked into one table, and copied to the
-host once. Per-node `compare_rows` on the host thread was 54% of a GPU run's oracle time at budget 32, topk 4,
+relative L2 errors) are computed on the run's device (the GPU on a GPU run: the engine's rows, the twin's and the
+oracle's float64 rows are moved there; the oracle answers on the host, and the engine's loop hands its logits
+over on the host too, so computing "where the engine's logits are" ran every float64 softmax of the step on
+the host: 1.7-2.3 s per step on the 8B layout at budget 32, topk 4, batch 4), stacked into one table, and
+copied to the host once. Per-node `compare_rows` on the host thread was 54% of a GPU run's oracle time at budget 32, topk 4,
 batch 4. The numbers are those of the per-node path (tests/unit/test_step_table.py holds them equal).
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
@@ -68,12 +70,12 @@ def request_columns(r: RequestRows, device: torch.device) -> torch.Tensor:
     return out
 
 
-def step_table(requests: list[RequestRows]) -> list[list[RowResult]]:
-    """Every request's rows, computed on the device of the engine's logits and copied to the host in one
-    transfer: per request, one RowResult per verify row."""
+def step_table(requests: list[RequestRows], device: torch.device | str | None = None) -> list[list[RowResult]]:
+    """Every request's rows, computed on `device` (the run's; default: where the engine's logits are) and
+    copied to the host in one transfer: per request, one RowResult per verify row."""
     if not requests:
         return []
-    device = requests[0].engine.device
+    device = torch.device(device) if device is not None else requests[0].engine.device
     tables = [request_columns(r, device) for r in requests]
     host = torch.cat(tables).tolist()   # the step's one host copy
     out, start = [], 0
