@@ -77,7 +77,7 @@ def run_oracle(oracle: str, a, ckpt: Path | str, work: Path) -> dict:
             "--batch", str(a.batch), "--max-new-tokens", str(a.steps), "--drafter", "noisy", "--stop-after", "0",
             "--out", str(records)]
     if a.backend:
-        args += ["--backend", a.backend]
+        args[1:1] = ["--backend", a.backend]   # before --out: the recorded command leaves the records' path out
     proc, killed = subprocess.Popen([sys.executable, __file__, "--child", str(figures), "--", *args], cwd=ROOT), None
     try:
         proc.wait(timeout=a.run_timeout)
@@ -89,7 +89,8 @@ def run_oracle(oracle: str, a, ckpt: Path | str, work: Path) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    row = {"oracle_asked": oracle, "command": "ddcheck " + " ".join(args[:-2]), "killed": killed,
+    command = " ".join(args[:-2]).replace(str(ckpt), "CHECKPOINT") if isinstance(ckpt, Path) else " ".join(args[:-2])
+    row = {"oracle_asked": oracle, "command": "ddcheck " + command, "killed": killed,
            **(json.loads(figures.read_text()) if figures.exists() else {})}
     lines = records.read_text().splitlines() if records.exists() else []
     summary = json.loads(lines[-1]) if lines and '"kind": "summary"' in lines[-1] else {}
