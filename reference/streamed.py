@@ -256,14 +256,14 @@ class StreamedOracle(DenseOracle):
         return self.source.read(name)
 
     def prepare_step(self, trees: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
-                     rounded: tuple[str, bool] | None = None) -> None:
+                     rounded: Sequence[tuple[str, bool]] = ()) -> None:
         """Judge a step's trees, each (prefix, tokens, parents), in ONE pass over the weights (two
         where a prefix is new: its prompt first): tree_logits and routing of each, and with
-        rounded = (dtype, probabilities) rounded_tree_logits and rounded_routing's of that model
+        each (dtype, probabilities) of `rounded` rounded_tree_logits and rounded_routing's of that model
         too, all through each layer together. The answers stand until the next prepare_step."""
-        lanes = [(self.model, self.prefixes)] + ([self._rounded(*rounded)] if rounded is not None else [])
+        lanes = [(self.model, self.prefixes)] + [self._rounded(*r) for r in rounded]
         self.prepared = {}
-        self.prepared = self._answer(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k), tuple(int(x) for x in q))
+        self.prepared = self._answer_lanes(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k), tuple(int(x) for x in q))
                              for p, k, q in trees])
 
     def _judge(self, model: StreamedLlama, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
@@ -285,9 +285,9 @@ class StreamedOracle(DenseOracle):
         key = (id(model), tuple(int(t) for t in prefix), tuple(int(t) for t in tokens), tuple(int(x) for x in parents))
         if key in self.prepared:
             return self.prepared[key]
-        return self._answer([(model, prefixes)], [key[1:]])[key]   # not kept: asked once
+        return self._answer_lanes([(model, prefixes)], [key[1:]])[key]   # not kept: asked once
 
-    def _answer(self, lanes: list[tuple[StreamedLlama, PrefixCache]], trees: list[tuple]) -> dict[tuple, Judged]:
+    def _answer_lanes(self, lanes: list[tuple[StreamedLlama, PrefixCache]], trees: list[tuple]) -> dict[tuple, Judged]:
         """Every tree's answers for every lane, by (id(model), prefix, tokens, parents): each leaf's root path over the prefix's
         K/V, the tokens the prefix gained since the cached one (the last step's commits, at most
         FOLD_MAX) in front of every leaf path, judged by none; the first path's K/V of them extend the cache."""

@@ -125,12 +125,12 @@ def test_one_pass_per_step_and_the_prefetch_changes_no_bit(preset):
     with checkpoint_dir(preset, 0) as d:
         ahead, plain = StreamedOracle.from_checkpoint(d), StreamedOracle.from_checkpoint(d, prefetch=False)
         for oracle in (ahead, plain):
-            oracle.prepare_step(trees, ("bfloat16", True))   # the prompts' K/V cached first
+            oracle.prepare_step(trees, [("bfloat16", True)])   # the prompts' K/V cached first
         steps = [[(p + [1, 2], t, q) for p, t, q in trees], [(p + [1, 2, 3], t, q) for p, t, q in trees]]
         reads = counted_layer_reads(ahead)
         for step in steps:
-            ahead.prepare_step(step, ("bfloat16", True))
-            plain.prepare_step(step, ("bfloat16", True))
+            ahead.prepare_step(step, [("bfloat16", True)])
+            plain.prepare_step(step, [("bfloat16", True)])
             for tree in step:
                 assert torch.equal(ahead.tree_logits(*tree), plain.tree_logits(*tree))
                 assert torch.equal(ahead.rounded_tree_logits(*tree, "bfloat16", True),
