@@ -96,7 +96,8 @@ def run_oracle(a: argparse.Namespace, directory: Path, cls) -> dict:
             "routing_margin_min": float(margins.min()) if margins.numel() else None,
             "routing_margin_median": float(margins.median()) if margins.numel() else None,
             "answers": {"logits": logits, "latent": latent, "rounded": rounded,
-                        "margin": torch.where(margins.isfinite(), margins, 0.0), "experts": routing.experts if routing else torch.zeros(0)}}
+                        "margin": torch.where(margins.isfinite(), margins, 0.0),
+                        "experts": routing.experts if routing else torch.zeros(0)}}
 
 
 def main() -> None:
@@ -120,7 +121,8 @@ def main() -> None:
                 "routing_margin_median"):
         print(f"{key:34s} {result[key]}")
     a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"deepseek_oracle_gpu-{a.shape}{'' if a.oracles == 'dense' else '-' + a.oracles.replace(',', '-')}.json"
+    which = "" if a.oracles == "dense" else "-" + a.oracles.replace(",", "-")
+    path = a.out / f"deepseek_oracle_gpu-{a.shape}{which}.json"
     path.write_text(json.dumps(result, indent=1))
     print(path)
 

@@ -179,7 +179,8 @@ def main() -> None:
           f"{'weights GiB':>11} {'RSS GiB':>8} {'GPU GiB':>8} {'max rel err':>11}")
     for r in rows:
         print(f"{str(r['oracle']):9} {str(r['verdict']):8} {r['steps'] or 0:>5} {r['engine_s_per_step'] or 0:>13.3f} "
-              f"{r['oracle_s_per_step'] or 0:>13.3f} {r.get('oracle_weights_peak_gib', 0):>11.2f} {r.get('peak_rss_gib', 0):>8.2f} "
+              f"{r['oracle_s_per_step'] or 0:>13.3f} {r.get('oracle_weights_peak_gib', 0):>11.2f} "
+              f"{r.get('peak_rss_gib', 0):>8.2f} "
               f"{r.get('cuda_peak_allocated_gib', 0):>8.2f} {r['max_rel_err'] or 0:>11.2e}")
     print(f"wrote {out.relative_to(ROOT)}")
 
