@@ -77,7 +77,7 @@ def run_oracle(oracle: str, a, ckpt: Path | str, work: Path) -> dict:
             "--batch", str(a.batch), "--max-new-tokens", str(a.steps), "--drafter", "noisy", "--stop-after", "0",
             "--out", str(records)]
     if a.backend:
-        args += ["--backend", a.backend]
+        args[1:1] = ["--backend", a.backend]   # before --out: the recorded command leaves the records' path out
     proc, killed = subprocess.Popen([sys.executable, __file__, "--child", str(figures), "--", *args], cwd=ROOT), None
     try:
         proc.wait(timeout=a.run_timeout)
@@ -89,7 +89,8 @@ def run_oracle(oracle: str, a, ckpt: Path | str, work: Path) -> dict:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    row = {"oracle_asked": oracle, "command": "ddcheck " + " ".join(args[:-2]), "killed": killed,
+    command = " ".join(args[:-2]).replace(str(ckpt), "CHECKPOINT") if isinstance(ckpt, Path) else " ".join(args[:-2])
+    row = {"oracle_asked": oracle, "command": "ddcheck " + command, "killed": killed,
            **(json.loads(figures.read_text()) if figures.exists() else {})}
     lines = records.read_text().splitlines() if records.exists() else []
     summary = json.loads(lines[-1]) if lines and '"kind": "summary"' in lines[-1] else {}
@@ -178,7 +179,8 @@ def main() -> None:
           f"{'weights GiB':>11} {'RSS GiB':>8} {'GPU GiB':>8} {'max rel err':>11}")
     for r in rows:
         print(f"{str(r['oracle']):9} {str(r['verdict']):8} {r['steps'] or 0:>5} {r['engine_s_per_step'] or 0:>13.3f} "
-              f"{r['oracle_s_per_step'] or 0:>13.3f} {r.get('oracle_weights_peak_gib', 0):>11.2f} {r.get('peak_rss_gib', 0):>8.2f} "
+              f"{r['oracle_s_per_step'] or 0:>13.3f} {r.get('oracle_weights_peak_gib', 0):>11.2f} "
+              f"{r.get('peak_rss_gib', 0):>8.2f} "
               f"{r.get('cuda_peak_allocated_gib', 0):>8.2f} {r['max_rel_err'] or 0:>11.2e}")
     print(f"wrote {out.relative_to(ROOT)}")
 

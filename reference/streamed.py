@@ -81,7 +81,8 @@ class InMemorySource:
 
     def layer(self, layer: int, buffers: dict | None = None, routed_experts: bool = True) -> dict[str, Tensor]:
         prefix = f"model.layers.{layer}."
-        return {n: t for n, t in self.w.items() if n.startswith(prefix) and (routed_experts or ".mlp.experts." not in n)}
+        return {n: t for n, t in self.w.items()
+                if n.startswith(prefix) and (routed_experts or ".mlp.experts." not in n)}
 
 
 class Lane(NamedTuple):
@@ -263,8 +264,8 @@ class StreamedOracle(DenseOracle):
         too, all through each layer together. The answers stand until the next prepare_step."""
         lanes = [(self.model, self.prefixes)] + [self._rounded(*r) for r in rounded]
         self.prepared = {}
-        self.prepared = self._answer_lanes(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k), tuple(int(x) for x in q))
-                             for p, k, q in trees])
+        self.prepared = self._answer_lanes(lanes, [(tuple(int(t) for t in p), tuple(int(t) for t in k),
+                                                    tuple(int(x) for x in q)) for p, k, q in trees])
 
     def _judge(self, model: StreamedLlama, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
                parents: Sequence[int]) -> Tensor:
@@ -288,8 +289,8 @@ class StreamedOracle(DenseOracle):
         return self._answer_lanes([(model, prefixes)], [key[1:]])[key]   # not kept: asked once
 
     def _answer_lanes(self, lanes: list[tuple[StreamedLlama, PrefixCache]], trees: list[tuple]) -> dict[tuple, Judged]:
-        """Every tree's answers for every lane, by (id(model), prefix, tokens, parents): each leaf's root path over the prefix's
-        K/V, the tokens the prefix gained since the cached one (the last step's commits, at most
+        """Every tree's answers for every lane, by (id(model), prefix, tokens, parents): each leaf's root
+        path over the prefix's K/V, the tokens the prefix gained since the cached one (the last step's commits, at most
         FOLD_MAX) in front of every leaf path, judged by none; the first path's K/V of them extend the cache."""
         for prefix, tokens, parents in trees:
             validate_tree(tokens, parents)

@@ -43,7 +43,8 @@ def test_auto_streams_an_mla_moe_model_where_the_dense_oracle_does_not_fit(monke
         needs = needs_of(prepare.load_checkpoint(d)[1])
     room = needs.streamed + 8   # the host reserve dropped: room for the streamed oracle, none to spare
     monkeypatch.setattr(oracle_placement, "HOST_RESERVE_BYTES", 0)
-    monkeypatch.setattr(oracle_placement, "host_free_bytes", lambda: int(room / (1 - oracle_placement.RESERVE_FRACTION)) + 1)
+    free = int(room / (1 - oracle_placement.RESERVE_FRACTION)) + 1
+    monkeypatch.setattr(oracle_placement, "host_free_bytes", lambda: free)
     loaded = prepare.load(RunSettings(model="tiny-kimi-k2", backend="torch"))
     assert loaded.oracle_plan.name == "streamed" and "do not" in loaded.oracle_plan.reason
     assert isinstance(loaded.oracle, StreamedOracle) and loaded.load_mismatches == ()
@@ -59,7 +60,8 @@ def test_nothing_fits_falls_back_to_the_last_device():
 def test_needs_count_the_largest_layer_and_a_vocabulary_slice():
     w = {"model.embed_tokens.weight": torch.zeros(100, 4), "model.norm.weight": torch.zeros(4),
          "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4), "model.layers.1.mlp.up_proj.weight": torch.zeros(9, 4),
-         "model.layers.1.input_layernorm.weight": torch.zeros(4), "model.layers.2.mlp.up_proj.weight": torch.zeros(8, 4)}
+         "model.layers.1.input_layernorm.weight": torch.zeros(4),
+         "model.layers.2.mlp.up_proj.weight": torch.zeros(8, 4)}
     needs = needs_of(w)
     assert needs.dense == 8 * (400 + 4 + 32 + 36 + 4 + 32)
     assert needs.streamed == 8 * (2 * (36 + 4) + 400)   # layer 1 twice (the next one read ahead), the tied head's rows
