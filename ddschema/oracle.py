@@ -104,6 +104,17 @@ class Oracle(Protocol):
     def path_kv(self, tokens: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per layer K and V [len(tokens), kv_heads, head_dim] (K after RoPE)."""
 
+    # optional: the harness asks with getattr(oracle, "prepare_step", None) and calls it before a step's
+    # tree_logits / rounded_tree_logits calls; an oracle without it answers each call on its own
+
+    def prepare_step(self, trees: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+                     rounded: Sequence[tuple[str, bool]] = ()) -> None:
+        """A verify step's trees, (prefix, tokens, parents) per request, about
+        to be asked for by tree_logits and, per (dtype, probabilities) in
+        `rounded`, by rounded_tree_logits: the oracle may judge them together
+        now (one pass over its weights) and answer those calls from it. The
+        answers must equal the per-call ones (the same definition)."""
+
     # optional, for multi-head latent attention and mixture-of-experts models (DeepSeek-V3 layout);
     # the harness asks with getattr(oracle, "path_latent", None)
 

@@ -207,16 +207,29 @@ class DenseLlama:
         other.__dict__.update(self.__dict__)   # the same config, device and float64 weights
         other.store = rounding_to(dtype)
         other.probs_store = other.store if probabilities else None
-        other.stored_w = {}   # each weight rounded once, held in `dtype` (a quarter of the float64 bytes)
+        other.stored_w = {}   # each weight rounded once (held as _weight says)
+        other.hold_wide = None
         return other
 
     def _weight(self, name: str) -> Tensor:
-        """The weight as this model stores it: float64 itself, or rounded (and read back as float64)."""
+        """The weight as this model stores it: float64 itself, or rounded (and read back as float64).
+        A rounded weight is held as float64 once when the rounded copies of every weight fit in half
+        the device's free memory (no widening per use), else in its dtype (a quarter of the bytes),
+        widened at each use: the same values either way."""
         if self.store is exact:
             return self.w[name]
         if name not in self.stored_w:
-            self.stored_w[name] = self.store(self.w[name]).to(self.store.dtype)
-        return self.stored_w[name].to(DTYPE)
+            if getattr(self, "hold_wide", None) is None:   # decided once, at the first weight it rounds
+                self.hold_wide = _room_for(self._float64_bytes(), self.device)
+            rounded = self.store(self.w[name])
+            self.stored_w[name] = rounded if self.hold_wide else rounded.to(self.store.dtype)
+        held = self.stored_w[name]
+        return held if held.dtype == DTYPE else held.to(DTYPE)
+
+    def _float64_bytes(self) -> int:
+        """Bytes of the float64 weights held (a tied output projection counted once)."""
+        seen = {t.data_ptr(): t.numel() * t.element_size() for t in self.w.values()}
+        return sum(seen.values())
 
     def _rope_tables(self, pos: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Per layer (cos, sin) [T, head_dim] on the device for positions [T]
@@ -313,6 +326,14 @@ class DenseLlama:
             vs += v
         return ForwardResult(self.head(h[-1:] if last_logits_only else h), hiddens, ks, vs)
 
+    def forward_many(self, trees) -> list[ForwardResult]:
+        """Several requests' verify trees in one pass over the weights, each
+        behind its own cached past, every node's row seeing exactly its own
+        path (reference/packed.py: PackedTree in, per tree its nodes' logits
+        [n, V] and its rows' ks, vs out)."""
+        from reference.packed import forward_many   # packed.py builds on this module
+        return forward_many(self, trees)
+
     def segment(self, token_ids: list[int], positions: list[int] | None = None, visible: Tensor | None = None,
                 past: tuple[list[Tensor], list[Tensor]] | None = None) -> "Segment":
         """One sequence's frame for `decoder_layer` (forward's arguments, checked)."""
@@ -387,6 +408,19 @@ class DenseLlama:
         return self.unembed(self.final_norm(h))
 
     __call__ = forward
+
+
+def _room_for(nbytes: int, device: torch.device) -> bool:
+    """Whether `nbytes` fit in half the free memory of `device` (a GPU's, or the host's MemAvailable)."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        try:   # Linux's MemAvailable; elsewhere nothing is known, and the rounded weights stay narrow
+            with open("/proc/meminfo") as f:
+                free = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            free = 0
+    return nbytes <= free // 2
 
 
 def _own_copy(t: Tensor, device: torch.device) -> Tensor:

@@ -1,12 +1,14 @@
 """DenseOracle: the ddschema Oracle protocol answered by brute force.
 
-Every answer comes from a plain causal float64 forward of DenseLlama over an
-explicit token sequence: no tree mask, no paged cache, nothing from the
-engine. The only work shared is what causality makes identical
-(reference/prefix_cache.py): a committed prefix's K/V, computed once and
-extended, and one forward per leaf's root path, whose positions are the
-last positions of every ancestor's own path. Tests hold both equal to a
-fresh forward per node to 1e-12.
+Every answer is defined by a plain causal float64 forward of DenseLlama over
+an explicit token sequence: no paged cache, nothing from the engine. The
+only work shared is what causality makes identical: a committed prefix's
+K/V, computed once and extended (reference/prefix_cache.py), and a step's
+tree nodes packed into one forward where each row sees exactly its own path
+(reference/packed.py: its own mask, not the engine's), every request of the
+step in the same pass (prepare_step); multi-head latent attention runs one
+forward per leaf's root path instead. Tests hold each equal to a fresh
+forward per node to 1e-12.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from reference.checkpoint import load_checkpoint
 from reference.deepseek_v3 import DenseDeepseekV3, moe_layers
 from reference.names import weight_names
 from reference.model import DenseLlama
+from reference.judged import GreedyMemo, StepAnswers, judge_packed, tree_key
 from reference.prefix_cache import PrefixCache, extend
 from reference.tree import ReferenceTree, best_first_tree
 
@@ -125,15 +128,61 @@ class DenseOracle:
     def tree_logits(self, prefix: Sequence[int], tokens: Sequence[int],
                     parents: Sequence[int]) -> Tensor:
         """Logits [n, V] float64: row i is the last position of a causal
-        forward over prefix + root_path(node i). Computed as one forward per
-        leaf over the prefix's cached K/V: node i's row is the position of
-        node i in the path of the first leaf below it (causality: that
-        position sees exactly prefix + root_path(i))."""
-        return self._judge(self.model, self.prefixes, prefix, tokens, parents)
+        forward over prefix + root_path(node i). Computed behind the prefix's
+        cached K/V, for the Llama family as one packed forward whose rows each
+        see exactly their own path (reference/packed.py), else one forward
+        per leaf (node i's row at its position in the first leaf's path below
+        it); a step prepared by prepare_step answers from that pass."""
+        logits = self._answer(None, self.model, self.prefixes, prefix, tokens, parents)
+        self._greedy_memo().note(prefix, tokens, parents, logits)
+        return logits
+
+    def prepare_step(self, trees: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+                     rounded: Sequence[tuple[str, bool]] = ()) -> None:
+        """A verify step's trees, (prefix, tokens, parents) per request, judged
+        together: ONE forward per model (the float64 one and each `rounded`
+        (dtype, probabilities) one) reads each weight once for every request
+        (reference/packed.py). The tree_logits / rounded_tree_logits calls
+        that follow for these trees answer from it; only this step is held.
+        Optional in the protocol: an oracle without it answers per call."""
+        answers = {}
+        if not packable(self.model):
+            self._step_answers().replace(answers)
+            return
+        keys = [tree_key(*t) for t in trees]
+        for key in keys:
+            validate_tree(key[1], key[2])
+            if not key[0]:
+                raise ValueError("tree_logits needs a non-empty prefix")
+        models = [(None, (self.model, self.prefixes))]
+        models += [((d, bool(pr)), self._rounded(d, pr)) for d, pr in dict.fromkeys(rounded)]
+        for which, (model, prefixes) in models:
+            answers.update({(which, k): lg for k, lg in zip(keys, judge_packed(model, prefixes, keys))})
+        self._step_answers().replace(answers)
+
+    def _answer(self, which, model, prefixes: PrefixCache, prefix, tokens, parents) -> Tensor:
+        """The prepared step's logits of this tree for `which` model, else judged now."""
+        found = self._step_answers().take(which, tree_key(prefix, tokens, parents))
+        return found if found is not None else self._judge(model, prefixes, prefix, tokens, parents)
+
+    def _step_answers(self) -> StepAnswers:
+        if "step_answers" not in self.__dict__:
+            self.step_answers = StepAnswers()
+        return self.step_answers
+
+    def _greedy_memo(self) -> GreedyMemo:
+        if "judged_walks" not in self.__dict__:
+            self.judged_walks = GreedyMemo()
+        return self.judged_walks
 
     def _judge(self, model, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],
                parents: Sequence[int]) -> Tensor:
         """tree_logits over `model` and its prefix cache (the float64 model or a rounded one)."""
+        if packable(model):
+            validate_tree(tokens, parents)
+            if len(prefix) == 0:
+                raise ValueError("tree_logits needs a non-empty prefix")
+            return judge_packed(model, prefixes, [tree_key(prefix, tokens, parents)])[0]
         return _tree_logits(model, prefixes, prefix, tokens, parents)
 
     def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],
@@ -145,7 +194,7 @@ class DenseOracle:
         computation of each node by the oracle's own code, with its own
         prefix cache."""
         model, prefixes = self._rounded(dtype, probabilities)
-        return self._judge(model, prefixes, prefix, tokens, parents)
+        return self._answer((dtype, bool(probabilities)), model, prefixes, prefix, tokens, parents)
 
     def _rounded(self, dtype: str, probabilities: bool = False):
         """(this model storing every tensor in `dtype`, its own prefix cache), made once."""
@@ -168,15 +217,20 @@ class DenseOracle:
         if max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
         sequence, emitted, gaps = list(prompt), [], []
-        cached = self.prefixes.get(self.model, sequence[:-1])
+        memo, cached = self._greedy_memo(), None
         for _ in range(max_new_tokens):
-            cached, last = extend(self.model, cached, sequence[len(cached.tokens):])
-            last = last.cpu()  # [V]
-            token = int(torch.argmax(last))
-            gaps.append(top_gap(last))
-            emitted.append(token)
-            sequence.append(token)
-        self.prefixes.put(cached)
+            known = memo.lookup(sequence)   # a judged tree's node already decided this position
+            if known is None:
+                if cached is None:
+                    cached = self.prefixes.longest(sequence[:-1])
+                cached, last = extend(self.model, cached, sequence[len(cached.tokens):])
+                last = last.cpu()  # [V]
+                known = int(torch.argmax(last)), top_gap(last)
+            emitted.append(known[0])
+            gaps.append(known[1])
+            sequence.append(known[0])
+        if cached is not None:
+            self.prefixes.put(cached)
         return emitted, gaps
 
     def path_hidden(self, tokens: Sequence[int]) -> list[Tensor]:
@@ -220,6 +274,12 @@ class DenseOracle:
         if not moe_layers(self.config):
             return None
         return _tree_routing(*self._rounded(dtype), prefix, tokens, parents)
+
+
+def packable(model) -> bool:
+    """Whether `model` judges a step's packed trees in one pass: the dense Llama family (its
+    attention takes any visibility mask); multi-head latent attention judges per leaf."""
+    return isinstance(model, DenseLlama) and model.config.mla is None
 
 
 def _tree_routing(model, prefixes: PrefixCache, prefix: Sequence[int], tokens: Sequence[int],

@@ -209,8 +209,10 @@ def _facts(v: SettingView) -> str:
             ("max noise ratio (engine / twin error)", _fmt(m.get("max_noise_ratio"), ".2f")),
             ("max twin error", _fmt(m.get("max_twin_err"), ".2e")),
             ("noise excess (nodes in the noise's 1% tail)", _excess(m.get("noise_excess"))),
-            ("oracle time per step", _fmt(m.get("oracle_s_per_step"), ".3f")),
-            ("engine time per step", _fmt(m.get("engine_s_per_step"), ".3f")),
+            ("oracle time per step (after step 0)", _fmt(m.get("oracle_s_per_step"), ".3f")),
+            ("engine time per step (after step 0)", _fmt(m.get("engine_s_per_step"), ".3f")),
+            ("oracle / engine time", _fmt(m.get("oracle_time_ratio"), ".2f")),
+            ("warm-up, step 0 (engine, oracle)", _warmup(m)),
             ("oracle device", m.get("oracle_device")), ("records", v.source)]
     rows += [("note", n) for n in m.get("notes") or []]
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(x)}</td></tr>" for k, x in rows if x is not None)
@@ -336,3 +338,8 @@ def _streams(streams: list[dict]) -> str:
             out.append(f'<div class="stream"><span class="who">{who}</span><span class="toks">{spans}</span></div>')
         out.append("</div>")
     return "".join(out)
+
+
+def _warmup(m: dict) -> str | None:
+    e, o = m.get("engine_warmup_s"), m.get("oracle_warmup_s")
+    return None if e is None or o is None else f"{e:.2f} s, {o:.2f} s"

@@ -50,11 +50,12 @@ def test_a_later_step_reuses_and_extends_the_cached_prefix():
     oracle.tree_logits(PREFIX, TOKENS, PARENTS)
     longer = PREFIX + [38, 4, 26]                  # the next step: the accepted tokens committed
     calls = []
-    forward = oracle.model.forward
-    oracle.model.forward = lambda ids, **kw: calls.append(len(ids)) or forward(ids, **kw)
+    forward_many = oracle.model.forward_many
+    oracle.model.forward_many = lambda packs: calls.append(packs) or forward_many(packs)
     got = oracle.tree_logits(longer, TOKENS, PARENTS)
-    oracle.model.forward = forward
-    assert calls[0] == 3                           # only the three new prefix tokens were computed
+    oracle.model.forward_many = forward_many
+    (pack,), = calls                               # one pass: the new prefix tokens ride in front of the tree
+    assert pack.more == (38, 4, 26) and pack.past[0][0].shape[0] == len(PREFIX)
     want = per_node(oracle.model, longer, TOKENS, PARENTS)
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
 

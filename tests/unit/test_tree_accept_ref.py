@@ -153,3 +153,31 @@ def test_reports_name_tree_walk_and_load_divergences():
     assert describe_first(tree) == "tree: step 0, request 1: the engine's tree has 7 draft nodes"
     load = {"passed": False, "first": {"what": "weights", "step": -1, "request": -1, "node": -1}}
     assert "loader" in describe_first(load)
+
+
+def _engine_step(lp_engine, lp_seen, budget, topk):
+    """A request step whose engine built its tree from lp_engine; the step reports lp_seen as its drafts."""
+    from types import SimpleNamespace
+    from harness.check.compare.tree_accept import check_tree
+    eng = best_first_tree(3, lp_engine, budget, topk)
+    tree = SimpleNamespace(tokens=eng.tokens, parents=[None] + eng.parents[1:], num_rows=len(eng.tokens))
+    rs = SimpleNamespace(tree=tree, draft_logprobs=lp_seen, step=1, rid=2)
+    return check_tree(rs, SimpleNamespace(draft_tree=best_first_tree), budget, topk, "x")
+
+
+def test_a_tree_keeping_another_token_tied_at_the_topk_threshold_is_a_near_tie():
+    """smollm2-135m bf16, budget 32 topk 4 batch 4, step 1 request 2: depth 1's 4th and 5th draft tokens
+    (198, 216) had equal log-probs; torch.topk kept 216, the oracle's rule the lower id, and each one's
+    subtree followed it. Equal log-probs: either top-k is DDTree's, so it is a near tie, not a divergence."""
+    lp = torch.log_softmax(torch.randn(4, 40, generator=torch.Generator().manual_seed(3), dtype=torch.float64), -1)
+    top = torch.topk(lp[0], 5).indices.tolist()
+    lp[0, top[4]] = lp[0, top[3]]                       # ranks 4 and 5 tie at depth 1
+    first, second = sorted(top[3:5])
+    engine_lp = lp.clone()
+    engine_lp[0, second] += 1e-12                       # the engine's top-k keeps the higher id
+    v = _engine_step(engine_lp, lp, budget=12, topk=4)
+    assert v is not None and not v.diverged and v.record["verdict"] == "near-tie"
+    assert v.record["threshold_ties"] == [[1, second, first]] and v.record["extra"]
+    lp_off = lp.clone()
+    lp_off[0, second] -= 0.1                             # drafts where the engine's token is below the 4th
+    assert _engine_step(engine_lp, lp_off, budget=12, topk=4).diverged

@@ -9,7 +9,10 @@ so the per-node and stream checks cannot see it.
   token paths, against the oracle's best-first build from the same drafts
   with the run's budget and topk. Row order is not judged (the per-node
   check catches a misordered layout). A difference that only swaps prefixes
-  whose scores equal the oracle's cut score (1e-9) is a near tie.
+  whose scores equal the oracle's cut score (1e-9) is a near tie; so is one
+  that keeps another of the tokens tied at a depth's top-k threshold (equal
+  draft log-probs: which of them a top-k drops is unspecified), once those
+  tokens are swapped back.
 * acceptance (record kind `accept-ref`, always on): the engine's accepted rows
   and bonus against the oracle's greedy walk over the engine's tree with the
   oracle's float64 logits. Where they part, the oracle's top-1 minus top-2 gap
@@ -57,6 +60,25 @@ def _engine_paths(tree) -> list[tuple[int, ...]]:
     return out
 
 
+def _threshold_swaps(draft_logprobs: torch.Tensor, topk: int, want, got) -> list[dict[int, int]] | None:
+    """Per depth, the engine's tokens -> the oracle's where the two trees kept different tokens of a
+    depth's top-k and every such token ties with that depth's k-th largest draft log-prob (within
+    SCORE_TIE): a top-k that must drop one of equal candidates may drop either (torch.topk's order
+    among equal values is unspecified; the oracle's rule keeps the lower id). None when any kept
+    token differs otherwise. Swapped tokens carry equal log-probs, so every path's score is kept."""
+    swaps = []
+    for depth in range(int(draft_logprobs.shape[0])):
+        eng = {p[depth] for p in got if len(p) > depth}
+        ref = {p[depth] for p in want if len(p) > depth}
+        lp = draft_logprobs[depth].double()  # [vocab]
+        kth = float(torch.topk(lp, min(topk, lp.numel())).values[-1])
+        odd = sorted(eng - ref), sorted(ref - eng)
+        if len(odd[0]) != len(odd[1]) or any(abs(float(lp[t]) - kth) > SCORE_TIE for t in odd[0] + odd[1]):
+            return None
+        swaps.append(dict(zip(*odd)))
+    return swaps
+
+
 def check_tree(rs, oracle, budget: int, topk: int, setting: str) -> Verdict | None:
     ref = oracle.draft_tree(int(rs.tree.tokens[0]), rs.draft_logprobs, budget, topk)
     want, got = ref.paths()[1:], _engine_paths(rs.tree)[1:]
@@ -64,8 +86,11 @@ def check_tree(rs, oracle, budget: int, topk: int, setting: str) -> Verdict | No
     extra = [p for p in got if p not in set(want)]
     if not missing and not extra and len(want) == len(got):
         return None
+    swaps = _threshold_swaps(rs.draft_logprobs, topk, want, got)
+    swapped = got if swaps is None else [tuple(swaps[d].get(t, t) for d, t in enumerate(p)) for p in got]
+    left = [p for p in want if p not in set(swapped)] + [p for p in swapped if p not in set(want)]
     cut = min(ref.scores[1:], default=0.0)
-    scores = [_path_score(p, rs.draft_logprobs, topk) for p in missing + extra]
+    scores = [_path_score(p, rs.draft_logprobs, topk) for p in left]
     tie = len(want) == len(got) and all(s is not None and abs(s - cut) <= SCORE_TIE for s in scores)
     sentence = (f"step {rs.step}, request {rs.rid}: the engine's tree has {len(got)} draft nodes, DDTree's "
                 f"best-first build from the same drafts (budget {budget}, topk {topk}) has {len(want)}; "
@@ -73,7 +98,8 @@ def check_tree(rs, oracle, budget: int, topk: int, setting: str) -> Verdict | No
     record = {"kind": "tree", "setting": setting, "step": rs.step, "request": rs.rid,
               "engine_nodes": len(got), "reference_nodes": len(want),
               "missing": [list(p) for p in missing], "extra": [list(p) for p in extra],
-              "cut_score": cut, "verdict": "near-tie" if tie else "diverge"}
+              "cut_score": cut, "verdict": "near-tie" if tie else "diverge",
+              "threshold_ties": [[d + 1, e, r] for d, sw in enumerate(swaps or []) for e, r in sw.items()]}
     return Verdict(record, not tie, sentence)
 
 

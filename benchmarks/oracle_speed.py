@@ -1,0 +1,145 @@
+"""The float64 oracle's time per verify step next to the engine's, before and
+after the oracle judged a step in one pass (issue 22 point 3).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/oracle_speed.py [--model smollm2-135m] [--dtype bfloat16]
+        [--settings 16:1:1,32:4:4] [--max-new-tokens 16] [--device cpu] [--out benchmarks/results/oracle-speed-cpu.json]
+        [--drafter noisy] [--cuda-graph] [--prompt-lens 640,900]   (benchmarks/oracle_speed_gpu.sh: the 8B shape)
+
+Each setting (budget:topk:batch) runs the whole differential check twice on
+one loading of the model, the oracle's state emptied before each run:
+
+* before: the oracle as it was, re-created by switching the new paths off:
+  no prepare_step (each request judged on its own call), one forward per
+  leaf path behind the prefix cache (reference/oracle.py _tree_logits),
+  the rounded yardstick's weights widened from bf16 at every use, and the
+  stream check's greedy recomputing every position;
+* after: the code as it is.
+
+The figures are the run summary's own (engine and oracle seconds per step,
+the stream check's seconds), so they carry whatever else the check does
+per step (the causal twin, the comparison). Verdicts must agree. The JSON
+is rewritten after every run, so a run killed midway leaves its rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+import reference.model as ref_model
+from harness.check.differential import check
+from harness.check.prepare import build, load
+from harness.check.records import RecordWriter
+from harness.engine.settings import RunSettings
+from reference.judged import GreedyMemo, StepAnswers
+from reference.oracle import _tree_logits
+from reference.prefix_cache import PrefixCache
+
+
+def fresh(oracle) -> None:
+    """The oracle's caches emptied: each run starts from the same state."""
+    oracle.prefixes, oracle.low_precision = PrefixCache(), {}
+    oracle.step_answers, oracle.judged_walks = StepAnswers(), GreedyMemo()
+
+
+@contextmanager
+def before(oracle):
+    """The oracle's old paths (see the module doc), undone on exit."""
+    room = ref_model._room_for
+    oracle.prepare_step = None
+    oracle._judge = lambda model, prefixes, prefix, tokens, parents: _tree_logits(model, prefixes, prefix, tokens,
+                                                                                   parents)
+    oracle.judged_walks = GreedyMemo(capacity=0)
+    ref_model._room_for = lambda nbytes, device: False
+    try:
+        yield
+    finally:
+        ref_model._room_for = room
+        del oracle.prepare_step, oracle._judge
+
+
+def one_run(s: RunSettings, loaded, mode: str) -> dict:
+    fresh(loaded.oracle)
+    p = build(s, loaded)
+    t0 = time.perf_counter()
+    if mode == "before":
+        with before(loaded.oracle):
+            summary = check(p, RecordWriter(None), localize=False)
+    else:
+        summary = check(p, RecordWriter(None), localize=False)
+    wall = time.perf_counter() - t0
+    e, o = summary.engine_s_per_step, summary.oracle_s_per_step
+    return dict(budget=s.budget, topk=s.topk, batch=s.batch, mode=mode, steps=summary.steps,
+                nodes=summary.nodes_checked, engine_s_per_step=e, oracle_s_per_step=o,
+                ratio=(o / e) if e else None, streams_s=summary.streams_s, wall_s=wall,
+                verdict="PASS" if summary.passed else "FAIL", max_rel_err=summary.max_rel_err,
+                first=None if summary.first is None else summary.first.what)
+
+
+def parse_settings(text: str) -> list[tuple[int, int, int]]:
+    try:
+        out = [tuple(int(x) for x in part.split(":")) for part in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or any(len(t) != 3 for t in out):
+        print("--settings takes budget:topk:batch[,budget:topk:batch...]", file=sys.stderr)
+        sys.exit(2)
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    head = "| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s | verdict |"
+    lines = [head, "|" + " --- |" * 10]
+    for r in rows:
+        lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
+                     f"{r['engine_s_per_step']:.3f} | {r['oracle_s_per_step']:.3f} | {r['ratio']:.1f}x | "
+                     f"{r['streams_s']:.1f} | {r['verdict']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--backend", default="torch")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--settings", default="16:1:1,32:4:4")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--modes", default="before,after")
+    ap.add_argument("--drafter", default="auto", help="noisy for a random checkpoint (the seeded stand-in)")
+    ap.add_argument("--cuda-graph", action="store_true")
+    ap.add_argument("--prompt-lens", default="", help="comma list of prompt lengths (--prompt-len), e.g. 640,900")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/oracle-speed-cpu.json"))
+    a = ap.parse_args()
+    settings, modes = parse_settings(a.settings), a.modes.split(",")
+    torch.set_num_threads(1)   # the engine's threads as the CLI sets them; the check gives a checkpoint's oracle every core
+    if not set(modes) <= {"before", "after"}:
+        print("--modes takes before and/or after", file=sys.stderr)
+        sys.exit(2)
+    lens = tuple(int(x) for x in a.prompt_lens.split(",") if x.strip()) or None
+    base = RunSettings(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, oracle_device=a.device,
+                       max_new_tokens=a.max_new_tokens, drafter=a.drafter, cuda_graph=a.cuda_graph, prompt_lens=lens)
+    loaded = load(base)
+    rows: list[dict] = []
+    meta = dict(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, max_new_tokens=a.max_new_tokens,
+                cuda_graph=a.cuda_graph, prompt_lens=lens, drafter=a.drafter,
+                gpu=torch.cuda.get_device_name() if a.device.startswith("cuda") else None,
+                command=" ".join(sys.argv), note="before/after interleaved on one loading; summary figures")
+    for budget, topk, batch in settings:
+        s = replace(base, budget=budget, topk=topk, batch=batch)
+        for mode in modes:
+            rows.append(one_run(s, loaded, mode))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The oracle's time per verify step next to the engine's on one GPU, before and after the oracle judged a
+# step in one pass (issue 22 point 3; benchmarks/oracle_speed.py). The Llama-3.1-8B shape cut to LAYERS
+# decoder layers (default 8: about 22 GiB of float64 weights, their rounded copy as much, the bf16 engine
+# a quarter), random weights written on the device (benchmarks/random_checkpoint.py), the seeded stand-in
+# drafter, 640 and 900-token prompts, SGLang's kernel under graphs. Run from the repository root after
+# `make setup`; under 8 minutes on an H100. Each setting is its own process with its own time limit and
+# JSON file (written after each of its runs), so a setting that fails or runs out of time leaves the others.
+#   LAYERS=8 PY=.venv/bin/python OUT=benchmarks/results bash benchmarks/oracle_speed_gpu.sh
+set -u
+PY=${PY:-.venv/bin/python}
+LAYERS=${LAYERS:-8}
+OUT=${OUT:-benchmarks/results}
+CKPT=${CKPT:-${TMPDIR:-/tmp}/oracle-speed-8b-${LAYERS}l}
+LIMIT=${LIMIT:-200}          # seconds per setting (both runs)
+TOKENS=${TOKENS:-16}
+mkdir -p "$OUT"
+LOG="$OUT/oracle-speed-gpu.log"
+echo "oracle_speed_gpu.sh: LAYERS=$LAYERS TOKENS=$TOKENS $(date -u +%FT%TZ)" | tee -a "$LOG"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
+if [ ! -f "$CKPT/config.json" ]; then
+  PYTHONPATH=. "$PY" -c "
+import sys; sys.path.insert(0, 'benchmarks')
+from pathlib import Path
+from random_checkpoint import write
+print(write('llama-3.1-8b', Path('$CKPT'), 'cuda', cut={'num_hidden_layers': $LAYERS}))
+" 2>&1 | tee -a "$LOG" || { echo "checkpoint not written" | tee -a "$LOG"; exit 1; }
+fi
+for setting in 16:1:1 32:4:4; do
+  tag=${setting//:/-}
+  echo "== setting $setting (budget:topk:batch) ==" | tee -a "$LOG"
+  start=$SECONDS
+  PYTHONPATH=. timeout "$LIMIT" "$PY" benchmarks/oracle_speed.py --model "$CKPT" --device cuda \
+    --backend sglang-triton --cuda-graph --drafter noisy --prompt-lens 640,900 --settings "$setting" \
+    --max-new-tokens "$TOKENS" --out "$OUT/oracle-speed-gpu-${LAYERS}l-$tag.json" 2>&1 | tail -n 20 | tee -a "$LOG"
+  echo "exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$LOG"
+done

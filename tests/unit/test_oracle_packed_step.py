@@ -1,0 +1,102 @@
+"""A verify step judged in one pass (reference/packed.py, DenseOracle.prepare_step)
+gives what a fresh causal forward per node gives, for every request of the
+step, in float64 and in the rounded yardstick; the stream check's greedy
+reads the positions the judged trees decided."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from reference.model import DenseLlama
+from reference.oracle import DenseOracle, root_path
+from reference.packed import packed_visibility
+from tests.unit.test_oracle_prefix_reuse import CFG, PARENTS, PREFIX, TOKENS, per_node, weights
+
+WINDOWED = replace(CFG, sliding_window=5, sliding_layers=(1,), attn_sinks=True)
+STEP = [(PREFIX, TOKENS, PARENTS),                                     # branching, depths up to 4
+        ([7, 1, 2, 30, 11], [5, 9, 9, 40], [-1, 0, 0, 2]),             # a second prompt, two equal siblings
+        (PREFIX + [38, 4], [26, 1], [-1, 0])]                          # the first prefix, longer
+
+
+def close(got, want, rel=1e-12):
+    return float((got - want).abs().max()) <= rel * float(want.abs().max())
+
+
+def oracle_for(cfg):
+    w = weights(cfg)
+    if cfg.attn_sinks:
+        w.update({f"model.layers.{i}.self_attn.sinks": torch.randn(cfg.num_heads) for i in range(cfg.num_layers)})
+    return DenseOracle(cfg, w)
+
+
+def test_packed_visibility_shows_each_row_its_own_path():
+    mask = packed_visibility(2, [-1, 0, 0, 1])   # two committed tokens, then root, two children, a grandchild
+    assert mask.tolist() == [[1, 0, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0, 0],
+                             [1, 1, 1, 0, 0, 0],
+                             [1, 1, 1, 1, 0, 0],
+                             [1, 1, 1, 0, 1, 0],
+                             [1, 1, 1, 1, 0, 1]]
+
+
+@pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["gqa", "window-sinks"])
+def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg):
+    oracle = oracle_for(cfg)
+    oracle.tree_logits(PREFIX[:6], [3], [-1])               # a cached prefix the step extends
+    passes = []
+    forward_many = DenseLlama.forward_many
+    DenseLlama.forward_many = lambda self, packs: passes.append(len(packs)) or forward_many(self, packs)
+    try:
+        oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
+        got = [oracle.tree_logits(*t) for t in STEP]
+        rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
+    finally:
+        DenseLlama.forward_many = forward_many
+    assert passes == [3, 3]                                  # one pass per model for the whole step
+    low = oracle.model.rounded(torch.bfloat16)
+    for (prefix, tokens, parents), g, r in zip(STEP, got, rounded):
+        assert g.shape == (len(tokens), cfg.vocab_size) and g.dtype == torch.float64
+        assert close(g, per_node(oracle.model, prefix, tokens, parents))
+        assert close(r, per_node(low, prefix, tokens, parents))
+
+
+def test_an_unprepared_tree_is_judged_on_its_own_all_the_same():
+    oracle = oracle_for(CFG)
+    oracle.prepare_step(STEP[:1])
+    got = oracle.tree_logits(*STEP[1])                       # not in the prepared step
+    assert close(got, per_node(oracle.model, *STEP[1]))
+
+
+def test_greedy_reads_the_positions_the_judged_trees_decided():
+    oracle = oracle_for(CFG)
+    want, _ = DenseOracle(CFG, weights()).greedy(PREFIX, 6)
+    prefix = list(PREFIX[:-1])
+    tokens = [PREFIX[-1], want[0], want[1], 7]               # the greedy path, a wrong sibling last
+    oracle.tree_logits(prefix, tokens, [-1, 0, 1, 1])
+    got, gaps = oracle.greedy(PREFIX, 6)
+    assert got == want and oracle.judged_walks.hits == 3     # the root, want[0] and want[1]'s positions
+    fresh = DenseOracle(CFG, weights()).greedy(PREFIX, 6)[1]
+    assert gaps == pytest.approx(fresh, rel=1e-9)
+
+
+def test_root_path_rows_see_only_their_ancestors():
+    """A node's logits do not move when a sibling's token changes (the mask hides siblings)."""
+    oracle = oracle_for(CFG)
+    a = oracle.tree_logits(PREFIX, [38, 4, 6], [-1, 0, 0])
+    b = oracle.tree_logits(PREFIX, [38, 4, 50], [-1, 0, 0])
+    assert close(a[:2], b[:2]) and not close(a[2], b[2])
+    assert close(a[1], oracle.model.forward(PREFIX + root_path([38, 4, 6], [-1, 0, 0], 1)).logits[-1])
+
+
+@pytest.mark.parametrize("wide", [True, False], ids=["held-float64", "held-bf16"])
+def test_rounded_weights_held_either_way_give_the_same_logits(wide):
+    """Held as float64 once (room enough) or in bf16 and widened per use: bit for bit the same model."""
+    model = DenseLlama(CFG, weights())
+    held, fresh = model.rounded(torch.bfloat16), model.rounded(torch.bfloat16)
+    held.hold_wide, fresh.hold_wide = wide, not wide
+    a, b = held.forward(PREFIX).logits, fresh.forward(PREFIX).logits
+    assert torch.equal(a, b) and not torch.equal(a, model.forward(PREFIX).logits)
+    dtypes = {t.dtype for t in held.stored_w.values()}
+    assert dtypes == ({torch.float64} if wide else {torch.bfloat16})
+    w = held._weight("model.layers.0.mlp.up_proj.weight")
+    assert torch.equal(w, w.to(torch.bfloat16).double())             # the values are bf16's
