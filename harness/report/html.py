@@ -72,9 +72,9 @@ def _stamp(views: list[SettingView]) -> str:
     return f"; ddcheck {m['ddcheck_version']}{commit}, {m.get('time', '')}"
 
 
-# what differs between two runs of the same settings: the facts read off the clock or naming the records file
-# (rows of `facts`), and the records' paths and write time in the header (`render`, `_stamp`)
-_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:oracle time per step|engine time per step|records)</th><td>)[^<]*(</td>)")
+# what differs between two runs of the same settings: the rows of `facts` read off the clock (a label naming a
+# time, the warm-up) or naming the records file, and the records' paths and write time in the header (`_stamp`)
+_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:[^<]*\btime\b[^<]*|warm-up[^<]*|records)</th><td>)[^<]*(</td>)")
 _RUN_TO_RUN_SOURCES = re.compile(r'(<p class="sources">records: )[^<]*?(?=; ddcheck |</p>)')
 _RUN_TO_RUN_WRITTEN = re.compile(r'(<p class="sources">[^<]*, )\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?(?=</p>)')
 
