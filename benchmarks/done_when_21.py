@@ -35,7 +35,7 @@ EXTRA_SETTINGS = {
     "sglang-batch": [["--budget", "8", "--topk", "2", "--backend", "sglang-triton", "--batch", "2"]],
     "bf16": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "2", "--dtype", "bfloat16"]],
     "bf16-long": [["--budget", "8", "--topk", "1", "--backend", "torch", "--dtype", "bfloat16",
-                   "--model", "small", "--prompt-len", "1500"]],
+                   "--prompt-len", "600"]],   # the default gate's bf16-long setting
     "torch-batch4": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "4"]],
 }
 
