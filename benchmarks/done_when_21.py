@@ -59,6 +59,8 @@ def run_targeted(tree: Path, m: dict) -> dict:
         row["seconds"] += r.seconds
         row.update(exit=r.exit, setting=" ".join(args), stage=s.get("stage"), quantity=s.get("quantity"),
                    explanation=s.get("explanation"), crash=r.exit != 1 and r.exit != 0 or first.get("what") == "crash",
+                   replacements=[{k: x.get(k) for k in ("stage", "error_before", "error_after", "correct")}
+                                 for x in s.get("replacements") or []],
                    stderr=r.stderr_tail if r.exit not in (0, 1) else "")
         row["diverged"] = r.exit == 1 and first.get("what") != "crash"
         if r.exit != 0:

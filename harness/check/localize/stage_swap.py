@@ -38,6 +38,17 @@ from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch, prefill_metadata
 
 
+# a rerun, in a fresh process, of a run a kernel killed: its attention replaced by the float64 one from the
+# start (set by harness/cli/watchdog.py, read by harness/check/prepare.py); a killed process reruns nothing itself
+REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"
+
+
+def with_replaced_attention(pipeline):
+    """The pipeline with its attention computed in float64 from the start (the crash rung, in a new process)."""
+    inner = pipeline.attention
+    return replace(pipeline, attention=lambda b: ArmedAttention(inner(b) if inner is not None else b, armed=True))
+
+
 @dataclass(frozen=True)
 class Replacement:
     """One rung: which stage's output was replaced, by what, and the step's error before and after, as the
