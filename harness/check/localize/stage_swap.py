@@ -72,7 +72,8 @@ class Replacement:
         after = (f"crashed or did not reach it ({self.note})" if self.error_after is None
                  else f"error {self.error_after:.3g}x its bound")
         verdict = "correct: the cause" if self.correct else "still wrong"
-        return f"{self.stage} replaced by {self.replaced_by}: step {self.step} {before} -> {after} ({verdict})"
+        what = "committed KV (the commit's, or the emitted ids')" if self.stage == "commit" else self.stage
+        return f"{what} replaced by {self.replaced_by}: step {self.step} {before} -> {after} ({verdict})"
 
 
 def proven(found: list[Replacement]) -> Replacement | None:
@@ -86,6 +87,8 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
     if not _replaceable(p):
         return []
     before = _judged_step(p, step, None)[0]
+    # a cache the ids do not give is the commit's, or the emission's (the ids themselves): the bookkeeping audit
+    # (localize/bookkeeping.py) tells those two apart, this rung only that the cache disagrees with the ids
     rungs = [("commit", "the cache rebuilt from the token ids", _rebuild_committed_kv),
              ("verify inputs", "a batch laid out from the trees and token ids", _independent_verify_inputs),
              ("attention", "a float64 softmax of the same inputs", _exact_attention_at_step)]
