@@ -81,6 +81,16 @@ def test_an_attention_bug_is_proven_by_the_float64_attention(base):
                                                       ("attention", True)], [r.sentence() for r in found]
 
 
+def test_a_graph_replay_bug_is_proven_by_the_eager_forward(base):
+    """A graph run whose replay sees a causal mask (the catalog's graph-captured-causal): the eager run of the
+    same setting matches at the step; the rungs before it do not."""
+    p = derive(base, replace(SETTING, cuda_graph=True, fault="graph-captured-causal"))
+    s = check(p, RecordWriter(None), localize=False)
+    found = prove_divergent_step(p, s.first.step)
+    assert [(r.stage, r.correct) for r in found] == [("commit", False), ("verify inputs", False),
+                                                      ("graph", True)], [r.sentence() for r in found]
+
+
 def test_the_independent_batch_is_the_engines_on_a_correct_run(base):
     """Laid out from the trees and ids alone, it equals the verify-inputs stage's batch where that is right."""
     p = derive(base)

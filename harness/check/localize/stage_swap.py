@@ -12,6 +12,7 @@ step correct is the cause.
   verify inputs   the step's verify batch laid out again from the trees,
                   the token ids and req_to_token (lengths from the ids,
                   visibility from each tree's ancestors), not by the stage
+  graph           (graph runs) the whole run without the graph runner
   attention       the backend's attention of the step computed in float64
                   from the same q, k, v and metadata (replace.ExactAttention),
                   over the cache rebuilt as above (an attention bug reaches
@@ -82,19 +83,21 @@ def proven(found: list[Replacement]) -> Replacement | None:
 
 
 def prove_divergent_step(p, step: int) -> list[Replacement]:
-    """The three rungs for a step whose nodes diverged (p: the run's Prepared). Empty where the engine's
+    """The rungs for a step whose nodes diverged (p: the run's Prepared). Empty where the engine's
     layout is not one these replacements rebuild (a serving backend, a paged pool, MLA, --tp, a port)."""
     if not _replaceable(p):
         return []
     before = _judged_step(p, step, None)[0]
     # a cache the ids do not give is the commit's, or the emission's (the ids themselves): the bookkeeping audit
     # (localize/bookkeeping.py) tells those two apart, this rung only that the cache disagrees with the ids
-    rungs = [("commit", "the cache rebuilt from the token ids", _rebuild_committed_kv),
-             ("verify inputs", "a batch laid out from the trees and token ids", _independent_verify_inputs),
-             ("attention", "a float64 softmax of the same inputs", _exact_attention_at_step)]
+    rungs = [("commit", "the cache rebuilt from the token ids", None, _rebuild_committed_kv),
+             ("verify inputs", "a batch laid out from the trees and token ids", None, _independent_verify_inputs)]
+    if p.settings.cuda_graph:   # the run without the graph runner: the same batches, forwarded eagerly
+        rungs.append(("graph", "the eager forward", _eager, None))
+    rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_at_step))
     out = []
-    for stage, what, swap in rungs:
-        after, note = _judged_step(p, step, swap)
+    for stage, what, base, swap in rungs:
+        after, note = _judged_step(p, step, swap, base)
         out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
         if out[-1].correct:
             break
