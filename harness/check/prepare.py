@@ -7,6 +7,7 @@ same weights and oracle.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -166,6 +167,9 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     check_capturable(s, backend)
     if pipeline is None:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
+        from harness.check.localize.stage_swap import REPLACE_STAGE_ENV, with_replaced_attention
+        if os.environ.get(REPLACE_STAGE_ENV) == "attention":   # the watchdog's proof of a killed run's stage
+            pipeline = with_replaced_attention(pipeline)
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s, loaded.tokenizer))
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
     for spec, toks in zip(specs, ids):

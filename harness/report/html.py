@@ -236,6 +236,10 @@ def _localize(v: SettingView) -> str:
     out = ['<div class="localize"><h4>Localization</h4>',
            f'<p class="explanation"><span class="badge fc">{esc(loc.get("fault_class", "?"))}</span> '
            f'{esc(loc.get("explanation", ""))}</p>']
+    reps = (v.summary or {}).get("replacements") or []
+    if reps:   # the stage proven by replacing its output (harness/check/localize/stage_swap.py)
+        out.append("<p>Replaced at the first divergent step:</p><ul>"
+                   + "".join(f"<li>{esc(r.get('sentence', ''))}</li>" for r in reps) + "</ul>")
     out.append(_wrongs(loc.get("first_wrong"), loc.get("metadata_audit") or []))
     probe = loc.get("mask_probe")
     if probe and probe.get("expected") and probe.get("effective"):
