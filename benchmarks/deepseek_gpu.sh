@@ -5,8 +5,11 @@
 # eager and under CUDA graphs, bf16 and float32; the MLA/MoE faults and padded-kv-visible caught. Run from the
 # repository root on the GPU machine after the wheels are installed (benchmarks/README.md); writes
 # deepseek-gpu.log, each run's summary JSONL and deepseek-gpu.json into $1 (default benchmarks/results/deepseek-gpu).
+# PART=tiny|cut|all (default all) runs the tiny presets or the full-width cut alone, so that each half fits
+# one device call.
 set -u
 out=${1:-benchmarks/results/deepseek-gpu}
+part=${PART:-all}
 mkdir -p "$out"
 log="$out/deepseek-gpu.log"
 rows="$out/rows.jsonl"
@@ -27,13 +30,15 @@ run() {  # expected exit code, then the ddcheck run arguments
   printf '{"n": %d, "args": "%s", "exit": %d, "want": %d, "seconds": %s}\n' "$n" "$*" "$got" "$want" "$secs" >> "$rows"
 }
 T="--backend sglang-triton"
-for m in tiny-deepseek-v3 tiny-kimi-k2; do
+want_part() { [ "$part" = all ] || [ "$part" = "$1" ]; }
+want_part tiny && for m in tiny-deepseek-v3 tiny-kimi-k2; do
   run 0 $T --model $m --dtype float32 --budget 16 --topk 1 --no-cuda-graph
   run 0 $T --model $m --dtype bfloat16 --budget 16 --topk 2 --cuda-graph --batch 4
   run 0 --backend torch --model $m --dtype bfloat16 --budget 16 --topk 2 --no-cuda-graph --batch 2
 done
 # the full-width layer shape: SGLang's kernel at DeepSeek-V3's absorbed widths, eager and graphed
 C="--model deepseek-v3-cut --max-new-tokens 12"
+if want_part cut; then
 run 0 $T $C --dtype bfloat16 --budget 16 --topk 1 --no-cuda-graph
 run 0 $T $C --dtype bfloat16 --budget 16 --topk 2 --cuda-graph --batch 4
 run 0 $T $C --dtype float32 --budget 8 --topk 1 --no-cuda-graph
@@ -41,11 +46,12 @@ run 1 $T $C --dtype bfloat16 --budget 16 --topk 1 --no-cuda-graph --fault padded
 run 1 $T $C --dtype bfloat16 --budget 16 --topk 2 --no-cuda-graph --fault mla-rope-flat-index
 run 1 $T $C --dtype bfloat16 --budget 16 --topk 1 --no-cuda-graph --fault mla-latent-wrong-slot
 run 1 $T $C --dtype bfloat16 --budget 16 --topk 1 --no-cuda-graph --fault moe-router-reads-padding
+fi
 # the faults on the tiny preset under graphs
-for f in padded-kv-visible mla-latent-wrong-slot moe-router-reads-padding; do
+want_part tiny && for f in padded-kv-visible mla-latent-wrong-slot moe-router-reads-padding; do
   run 1 $T --model tiny-deepseek-v3 --dtype bfloat16 --budget 16 --topk 1 --cuda-graph --batch 3 --fault $f
 done
-run 1 $T --model tiny-deepseek-v3 --dtype bfloat16 --budget 16 --topk 2 --cuda-graph --batch 3 --fault mla-rope-flat-index
+want_part tiny && run 1 $T --model tiny-deepseek-v3 --dtype bfloat16 --budget 16 --topk 2 --cuda-graph --batch 3 --fault mla-rope-flat-index
 python3 - "$rows" "$out/deepseek-gpu.json" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -14,6 +14,9 @@ whole-model oracle does.
 from __future__ import annotations
 
 import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,19 @@ from reference.checkpoint import (SAFETENSORS_DTYPES, CheckpointRefused, read_ch
                                   with_tensors)
 
 INDEX = "model.safetensors.index.json"
+READ_CHUNK = 64 << 20   # a large tensor's bytes are read in chunks of this size by several threads at once
+_READERS = ThreadPoolExecutor(4, thread_name_prefix="oracle-pread")   # copying from the page cache: one thread
+                                                                        # alone does not reach the memory's speed
+
+
+def _pread(fd: int, into: memoryview, offset: int, file: Path) -> None:
+    """Fill `into` with the file's bytes from `offset` (one pread returns at most about 2 GiB)."""
+    done = 0
+    while done < len(into):
+        got = os.preadv(fd, [into[done:]], offset + done)
+        if got <= 0:
+            raise CheckpointRefused(f"{file.name}: a tensor runs past the end of the file")
+        done += got
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,7 @@ class LazyCheckpoint:
         # each file opened once, for the oracle's life: a temporary directory (a preset written out for the
         # run) may go once both sides have read the headers, and an open file stays readable
         self.files = {path: path.open("rb") for path in sorted({e.file for e in self.entries.values()})}
-        self.staging = bytearray(0)   # the bytes of the last read (one tensor's at most)
+        self.local = threading.local()   # per thread (the oracle's, its layer reader's): the staging bytes
 
     def close(self) -> None:
         for f in getattr(self, "files", {}).values():   # (a refused checkpoint opened none)
@@ -155,14 +171,16 @@ class LazyCheckpoint:
         where = torch.tensor([wanted.index(int(i)) for i in ids.tolist()], device=table.device)  # [T]
         return table[where]
 
-    def layer(self, layer: int, buffers: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    def layer(self, layer: int, buffers: dict[str, Tensor] | None = None,
+              routed_experts: bool = True) -> dict[str, Tensor]:
         """Every tensor of decoder layer `layer`, float64 on the device. buffers: float64 tensors by
         the name after `model.layers.N.`, reused for (and updated with) this layer's: every layer
-        of a model has the same shapes, so a model streamed layer by layer allocates one layer once."""
+        of a model has the same shapes, so a model streamed layer by layer allocates one layer once.
+        routed_experts False: a mixture of experts' routed experts are left out (read when picked)."""
         prefix, buffers = f"model.layers.{layer}.", {} if buffers is None else buffers
         out = {}
         for n in weight_names(self.config):
-            if n.startswith(prefix):
+            if n.startswith(prefix) and (routed_experts or ".mlp.experts." not in n):
                 key = n[len(prefix):]
                 out[n] = buffers[key] = self.read(n, buffers.get(key))
         return out
@@ -176,15 +194,16 @@ class LazyCheckpoint:
 
     def _bytes(self, entry: TensorEntry, begin: int, end: int) -> Tensor:
         """Bytes begin..end of the entry's file as a flat tensor of its dtype, moved to the device before
-        widening. On the CPU it is a view of the staging buffer (reused by the next read: widen it first)."""
+        widening. On the CPU it is a view of this thread's staging buffer (reused by its next read: widen
+        it first); for a GPU the staging buffer is pinned host memory, copied before this returns.
+        Read at an offset (pread): threads share the open files, never a file position."""
         n = end - begin
         if n == 0:
             return torch.empty(0, dtype=entry.dtype, device=self.device)
-        if len(self.staging) < n:
-            self.staging = bytearray(n)   # grown to the largest read so far, kept: no fresh memory per read
-        raw = memoryview(self.staging)[:n]
-        f = self.files[entry.file]
-        f.seek(begin)
-        if f.readinto(raw) != n:
-            raise CheckpointRefused(f"{entry.file.name}: a tensor runs past the end of the file")
-        return torch.frombuffer(raw, dtype=entry.dtype).to(self.device)
+        staging = getattr(self.local, "staging", None)
+        if staging is None or staging.numel() < n:   # grown to the largest read so far, kept; pinned for a GPU
+            staging = self.local.staging = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        raw, fd = memoryview(staging[:n].numpy()), self.files[entry.file].fileno()
+        chunks = [(start, min(n, start + READ_CHUNK)) for start in range(0, n, READ_CHUNK)]
+        list(_READERS.map(lambda c: _pread(fd, raw[c[0]:c[1]], begin + c[0], entry.file), chunks))
+        return staging[:n].view(entry.dtype).to(self.device)   # from pinned memory: the copy runs at full speed

@@ -7,16 +7,24 @@ scratch KV pool of its own. Its distance from the float64 oracle is the
 noise a correct low-precision computation of that node has; the noise-floor
 verdict (harness/verdict/noise_floor.py) judges the engine's node against it.
 
-As in the oracle, causality is used and nothing else: the prefix is extended
-once per step, then one extend batch with one sequence per leaf's root path
-(each reading the prefix's slots, writing its own) gives every node on it.
-The twin is the engine's own model code on the causal path: a bug shared by
+As in the oracle, causality is used and nothing else: each request's
+committed prefix is kept between steps (its K/V in a pool of its own; a step
+extends it by the tokens committed since, instead of a prefill of the whole
+640-900-token prompt every step), then one extend batch with one sequence per
+leaf's root path (each reading the prefix's slots, writing its own) gives
+every node on it, and only the rows judged get logits (LlamaModel.forward's
+logit_rows: the prefix's rows and a node's second occurrence get none). A
+prefix extended in pieces is the same causal computation as one prefilled at
+once, up to the low-precision kernel's rounding of another split. The twin
+is the engine's own model code on the causal path: a bug shared by
 that path (a RoPE or loader error) moves both and is left to the ceiling and
 to the fixed float32 runs.
 
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -29,49 +37,90 @@ from harness.engine.model.llama import LlamaModel
 FIRST_SLOT = 1  # slot 0 stays the pool's padding slot, as in the engine's pool
 
 
+MAX_PREFIXES = 16   # committed prefixes kept (one per request of a batch; the least recently used goes first)
+
+
+@dataclass
+class _Prefix:
+    tokens: tuple[int, ...]   # the prefix whose K/V the pool holds at slots FIRST_SLOT ..
+    pool: KVPool
+
+
 class CausalTwin:
     def __init__(self, model: LlamaModel, backend: AttentionBackend, device: str, max_context: int) -> None:
         self.model, self.backend, self.device = model, backend, device
-        self.pool = KVPool(model.cfg, FIRST_SLOT + max_context + 1, model.dtype, device)
+        self.max_context = max_context
+        self.prefixes: list[_Prefix] = []   # least recently used first
 
     def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
-        """Twin logits [num_rows, vocab] float32 on CPU, row i for tree node i."""
+        """Twin logits [num_rows, vocab] float32 on the twin's device, row i for tree node i."""
         p = len(prefix)
         chains = [list(tree.ancestors(leaf)) for leaf in _leaves(tree)]   # root .. leaf, one sequence each
         lens = [len(c) for c in chains]
         total = sum(lens)
-        self._reserve(p + total)
-        self._forward(list(prefix), list(range(p)), prefill_metadata([p], self._slots(0, p)).to(self.device))  # causal
+        cached = self._extend(tuple(prefix), p + total)
         starts = torch.tensor([0] + lens, device=self.device).cumsum(0)      # [leaves + 1]
         meta = AttnMetadata(
             qo_indptr=starts,
             kv_indptr=torch.arange(len(chains) + 1, device=self.device) * p,   # every sequence reads the prefix
-            kv_indices=self._slots(0, p).repeat(len(chains)),
-            out_cache_loc=self._slots(p, total), custom_mask=None, mask_indptr=None, max_len_extend=max(lens))
+            kv_indices=_slots(0, p, self.device).repeat(len(chains)),
+            out_cache_loc=_slots(p, total, self.device), custom_mask=None, mask_indptr=None, max_len_extend=max(lens))
         ids = [tree.tokens[i] for c in chains for i in c]
         positions = [p + depth for n in lens for depth in range(n)]         # each sequence from the prefix's end
-        logits = self._forward(ids, positions, meta)                          # [total, vocab]
-        rows: list[torch.Tensor | None] = [None] * tree.num_rows
+        first: dict[int, int] = {}   # node -> its first position in the batch (causality: the one of its own path)
         flat = 0
         for chain in chains:
             for node in chain:
-                if rows[node] is None:
-                    rows[node] = logits[flat]
+                first.setdefault(node, flat)
                 flat += 1
-        return torch.stack(rows)
+        rows = torch.tensor([first[i] for i in range(tree.num_rows)], device=self.device)   # [num_rows]
+        return self._forward(ids, positions, meta, cached.pool, rows)       # [num_rows, vocab]
 
-    def _reserve(self, n: int) -> None:
-        """Room for n slots after the padding slot (a wide tree's chains can outgrow the context)."""
-        if FIRST_SLOT + n > self.pool.k_buffer[0].shape[0]:
-            self.pool = KVPool(self.model.cfg, FIRST_SLOT + n, self.model.dtype, self.device)
+    def _extend(self, prefix: tuple[int, ...], room: int) -> _Prefix:
+        """The kept prefix that `prefix` extends (the longest), extended to it by a causal extend of the tokens
+        committed since; a new one prefilled when none is. Its pool has room for `room` slots."""
+        kept = max((c for c in self.prefixes if prefix[:len(c.tokens)] == c.tokens), key=lambda c: len(c.tokens),
+                   default=None)
+        if kept is None:
+            kept = _Prefix((), self._pool(room))
+            self.prefixes = self.prefixes[-(MAX_PREFIXES - 1):]
+        else:
+            self.prefixes.remove(kept)
+        self.prefixes.append(kept)
+        c, p = len(kept.tokens), len(prefix)
+        if FIRST_SLOT + room > kept.pool.k_buffer[0].shape[0]:   # a wide tree's chains can outgrow the context
+            kept.pool = self._grown(kept.pool, room, c)
+        if p > c:
+            meta = AttnMetadata(qo_indptr=torch.tensor([0, p - c], device=self.device),
+                                kv_indptr=torch.tensor([0, c], device=self.device),
+                                kv_indices=_slots(0, c, self.device), out_cache_loc=_slots(c, p - c, self.device),
+                                custom_mask=None, mask_indptr=None, max_len_extend=p - c)
+            self._forward(list(prefix[c:]), list(range(c, p)), meta, kept.pool,
+                          torch.zeros(0, dtype=torch.int64, device=self.device))   # K/V only: no logits
+        kept.tokens = prefix
+        return kept
 
-    def _slots(self, start: int, n: int) -> torch.Tensor:
-        return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=self.device)
+    def _pool(self, room: int) -> KVPool:
+        return KVPool(self.model.cfg, FIRST_SLOT + max(room, self.max_context) + 1, self.model.dtype, self.device)
 
-    def _forward(self, ids: list[int], positions: list[int], meta: AttnMetadata) -> torch.Tensor:
+    def _grown(self, pool: KVPool, room: int, keep: int) -> KVPool:
+        """A larger pool holding the first `keep` cached positions of `pool`."""
+        new = self._pool(room)
+        for old_k, old_v, k, v in zip(pool.k_buffer, pool.v_buffer, new.k_buffer, new.v_buffer):
+            k[:FIRST_SLOT + keep] = old_k[:FIRST_SLOT + keep]
+            if v.data_ptr() != k.data_ptr():   # MLA: V is a view of K's latent
+                v[:FIRST_SLOT + keep] = old_v[:FIRST_SLOT + keep]
+        return new
+
+    def _forward(self, ids: list[int], positions: list[int], meta: AttnMetadata, pool: KVPool,
+                 rows: torch.Tensor) -> torch.Tensor:
         tokens = torch.tensor(ids, device=self.device)
         pos = torch.tensor(positions, device=self.device)
-        return self.model.forward(tokens, pos, meta, self.pool, self.backend).float().cpu()
+        return self.model.forward(tokens, pos, meta, pool, self.backend, logit_rows=rows).float()
+
+
+def _slots(start: int, n: int, device: str) -> torch.Tensor:
+    return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=device)
 
 
 def _leaves(tree: DraftTree) -> list[int]:

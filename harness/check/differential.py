@@ -12,7 +12,8 @@ import torch
 
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
-from harness.check.compare.metrics import compare_rows, engine_block, rel_l2
+from harness.check.compare.metrics import engine_block
+from harness.check.compare.step_table import RequestRows, RowResult, step_table
 from harness.check.compare.router_tie import RouterTies, StepRouting, noise_band
 from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
@@ -24,6 +25,7 @@ from harness.check.records import NodeRecord, RecordWriter, StreamRecord
 from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+from harness.check.stop import RunStopped, StopWhy
 from harness.engine.ddtree.mask import kernel_visible
 from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
 
@@ -48,11 +50,14 @@ def check(p: Prepared, writer: RecordWriter, on_step: Callable[[int, int], None]
         return _load_divergence(p, summary, writer)
     progress = _Progress()
     try:
-        _run_checks(p, summary, writer, on_step, progress)
-    except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
-        _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
-    if summary.first is not None and localize and summary.verdict != "internal-error":
-        _localize(p, summary, writer)
+        try:
+            _run_checks(p, summary, writer, on_step, progress)
+        except Exception as e:  # noqa: BLE001  (attributed: engine, oracle or ddcheck)
+            _crashed(p, summary, writer, attribute(e, progress.step, progress.in_step), progress)
+        if summary.first is not None and localize and summary.verdict != "internal-error":
+            _localize(p, summary, writer)
+    except RunStopped as e:   # a signal or --timeout (check/stop.py): the records so far, a summary saying so
+        _stopped(summary, e, progress)
     if p.port:   # the port's entry again: its lineage now names the port code the run reached
         summary.port = p.port.describe()
     writer.write(summary_record(s, summary))
@@ -68,13 +73,30 @@ class _Progress:
     drift_pairs: list = field(default_factory=list)   # (rel_err, rounded_err) of every judged node: the run's drift
     ratios: list = field(default_factory=list)        # (noise ratio, step, request, node) of every judged node
     router_ties: RouterTies | None = None              # committed positions tied by a router flip, per request
+    clock: StepClock = field(default_factory=StepClock)   # engine and oracle seconds of the steps so far
+
+
+def _stopped(summary: CheckSummary, stop: RunStopped, progress: _Progress) -> None:
+    """The summary of a run stopped from outside: the reason, the steps' timing so far, a note."""
+    summary.stopped = stop.reason
+    if summary.engine_warmup_s is None:
+        _note_times(summary, progress.clock)
+    summary.notes.append(StopWhy(stop.reason, stop.timeout_s).sentence(summary.steps))
+
+
+def _note_times(summary: CheckSummary, clock: StepClock) -> None:
+    """Per-step times after the warm-up, the warm-up (step 0) apart, and their ratio (check/step_clock.py)."""
+    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    if summary.steps:
+        summary.engine_warmup_s, summary.oracle_warmup_s = clock.engine_warmup_s, clock.oracle_warmup_s
+    summary.oracle_time_ratio = clock.ratio()
 
 
 def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
                 on_step: Callable[[int, int], None] | None, progress: _Progress) -> None:
     s = p.settings
     tally = AcceptanceTally()
-    clock = StepClock()
+    clock = progress.clock
     # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
     threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
     for result in clock.timed(p.engine.rounds()):
@@ -85,11 +107,13 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
         _check_ranks(result, summary, writer)   # --tp: the cause, where a rank disagrees, before its logits
         with clock.oracle(), oracle_threads(threads):
             _prepare_oracle_step(p, result.requests)
-            for rs in result.requests:
-                rs = _engine_rows(rs, p.engine.cfg.vocab_size, summary)
-                ref = _check_request_step(rs, p, summary, writer, progress)
+            steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
+            judged = [_judge_request_step(rs, p) for rs in steps]
+            tables = step_table(judged, p.settings.device)   # compared on the run's device, one host copy per step
+            for rs, j, rows in zip(steps, judged, tables):
+                _check_request_step(rs, p, summary, writer, progress, rows)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
-                _check_against_reference(p, rs, ref, summary, writer)
+                _check_against_reference(p, rs, j.ref, summary, writer)
                 tally.add(rs.tree, rs.acceptance)
                 _note_prefix(summary, len(rs.prefix))
         _check_batch_padding(p, result.step, summary)
@@ -106,7 +130,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
                                  f"{s.stop_after}); streams compared over the tokens emitted")
             break
         progress.in_step = False   # the engine's next round (or its end) is under way
-    summary.engine_s_per_step, summary.oracle_s_per_step = clock.per_step(summary.steps)
+    _note_times(summary, clock)
     _check_drift(p, summary, progress.drift_pairs)
     _check_excess(p, summary, progress.ratios)
     tiles = getattr(p.engine.backend, "key_tiles", None)
@@ -198,6 +222,18 @@ def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> C
     return summary
 
 
+def write_stopped_summary(s: RunSettings, writer: RecordWriter, stop: RunStopped) -> CheckSummary:
+    """A stop check() did not keep (while the engine or the oracle was being built, or while the summary was
+    being written): the records so far and a summary of verdict `stopped` in place of any other."""
+    if writer.run_id is None:
+        writer.begin_run()
+    writer.lines = [ln for ln in writer.lines if '"kind": "summary"' not in ln]
+    summary = CheckSummary(setting=s.command())
+    _stopped(summary, stop, _Progress())
+    writer.write(summary_record(s, summary))
+    return summary
+
+
 def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestStep:
     """The request's logits as [q_len, vocab]: a block of another shape is the engine's divergence
     (compare/metrics.py engine_block), noted, never an error of the check."""
@@ -208,33 +244,33 @@ def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestS
     return replace(rs, logits=logits)
 
 
-def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,
-                        progress: _Progress) -> torch.Tensor:
-    """Judge every verify row; returns the oracle's logits [num_rows, vocab] float64."""
+def _judge_request_step(rs: RequestStep, p: Prepared) -> RequestRows:
+    """The oracle's rows for the request's tree, and under the noise-floor verdict its two yardsticks (the
+    twin and the oracle's own low-precision computation): what compare/step_table.py compares."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
+    if p.rule is None:
+        return RequestRows(rs.logits, ref)
+    twin = p.twin.tree_logits(rs.prefix, tree)                                 # [num_rows, vocab] float32
+    rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype,
+                                           p.rounded_probabilities)            # [num_rows, vocab] float64
+    return RequestRows(rs.logits, ref, twin, rounded)
+
+
+def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,
+                        progress: _Progress, rows: list[RowResult]) -> None:
+    """Judge every verify row from its quantities (compare/step_table.py), one record each."""
+    tree = rs.tree
     rule = p.rule
     if progress.router_ties is None:
         progress.router_ties = RouterTies(noise_band(p.settings.torch_dtype))
     routed = StepRouting(rs, p.oracle, progress.router_ties)   # router near ties (compare/router_tie.py)
     accepted = set(rs.acceptance.rows)
-    real = tree.num_rows
-    metrics = compare_rows(rs.logits[:real], ref[:real])                       # one per real row
-    twin_errs = rounded_errs = twin_dists = l2s = None
-    if rule is not None:   # the node's two correct low-precision computations, each against the oracle
-        twin = p.twin.tree_logits(rs.prefix, tree)                             # [num_rows, vocab] float32
-        rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype,
-                                               p.rounded_probabilities)
-        twin_errs = [m.rel_err for m in compare_rows(twin[:real], ref[:real])]
-        rounded_errs = [m.rel_err for m in compare_rows(rounded[:real], ref[:real])]
-        scale = ref[:real].abs().amax(-1).clamp_min(1e-30)                     # [real] max |ref|
-        twin_dists = ((rs.logits[:real].double() - twin[:real].double()).abs().amax(-1) / scale).tolist()
-        l2s = list(zip(*(rel_l2(x[:real], ref[:real]) for x in (rs.logits, twin, rounded))))  # (engine, twin, rounded)
     for row in range(tree.q_len):
         padding = row >= tree.num_rows
         if padding:
-            finite = bool(torch.isfinite(rs.logits[row]).all())
+            finite = rows[row].finite
             summary.padding_rows += 1
             if not finite:  # a padding row must see at least one key: NaN here is a fully masked row
                 summary.nonfinite_padding_rows += 1   # not a judged node: divergent_nodes counts nodes_checked's
@@ -243,12 +279,12 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
             writer.write(NodeRecord(rs.step, rs.rid, row, None, None, None, True, False, None, None, None,
                                     None, finite, "padding" if finite else "diverge", summary.setting))
             continue
-        m = metrics[row]
+        m, r = rows[row].metrics, rows[row]
         twin_err = rounded_err = ratio = twin_dist = None
         l2 = (None, None, None)
         tol = p.tolerance
         if rule is not None:
-            twin_err, rounded_err, twin_dist, l2 = twin_errs[row], rounded_errs[row], twin_dists[row], l2s[row]
+            twin_err, rounded_err, twin_dist, l2 = r.twin_err, r.rounded_err, r.twin_dist, r.l2
             tol, ratio = rule.bound(twin_err, rounded_err), rule.ratio(m.rel_err, twin_err, rounded_err)
             summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
             summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
@@ -274,7 +310,6 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
                                 rounded_err=rounded_err, twin_dist=twin_dist, rel_l2=l2[0], twin_l2=l2[1],
                                 rounded_l2=l2[2]))
     routed.commit()
-    return ref
 
 
 def _check_drift(p: Prepared, summary: CheckSummary, pairs: list[tuple[float, float]]) -> None:
@@ -353,7 +388,8 @@ def _audit_port_step(p: Prepared, result, summary: CheckSummary, writer: RecordW
     finite = [torch.isfinite(rs.logits).all(-1).tolist() for rs in reqs]   # per request: [q_len] bool
     findings = p.port.audit(result.step, result.batch.to("cpu"), [rs.tree for rs in reqs],
                             [rs.acceptance for rs in reqs], [rs.logits.argmax(-1).tolist() for rs in reqs],
-                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite))
+                            "prefix" in p.engine.backend.mask_regions, (p.engine.backend.name, finite),
+                            getattr(getattr(p.engine, "serving", None), "last_served", None))
     for f in findings:
         writer.write(f.record(summary.setting))
         if f.severity == "error":

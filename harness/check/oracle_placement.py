@@ -72,7 +72,7 @@ class OracleNeeds:
     """Bytes each oracle holds for a model, before activations (float64: 8 a parameter)."""
 
     dense: int      # every tensor
-    streamed: int   # the largest decoder layer plus one output-projection slice
+    streamed: int   # the largest decoder layer twice (one computed, the next read) plus one output-projection slice
 
     def __post_init__(self) -> None:
         if not 0 <= self.streamed <= self.dense:
@@ -107,7 +107,7 @@ def needs_of(weights: dict[str, torch.Tensor]) -> OracleNeeds:
             layers[layer] = layers.get(layer, 0) + t.numel()
     head = weights.get("lm_head.weight", weights.get("model.embed_tokens.weight"))
     head_slice = 0 if head is None else min(head.shape[0], VOCAB_SLICE_ROWS) * head[0].numel()
-    streamed = min(weight_numel(weights), max(layers.values(), default=0) + head_slice)
+    streamed = min(weight_numel(weights), 2 * max(layers.values(), default=0) + head_slice)   # with prefetch
     return OracleNeeds(8 * weight_numel(weights), 8 * streamed)
 
 
@@ -123,14 +123,13 @@ def host_free_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def plan_oracle(asked: str, devices: list[str], needs: OracleNeeds, room: dict[str, int],
-                streamable: bool = True) -> OraclePlan:
+def plan_oracle(asked: str, devices: list[str], needs: OracleNeeds, room: dict[str, int]) -> OraclePlan:
     """The plan for `--oracle asked` over candidate devices in order of
     preference (`room`: bytes each leaves the oracle's weights, reserves and
     the engine's weights still to come taken off); see the module doc.
-    streamable: False where the streamed oracle cannot run the model (multi-head
-    latent attention): auto then takes the dense one."""
-    names = (["dense", "streamed"] if streamable else ["dense"]) if asked == "auto" else [asked]
+    Every model the oracles read streams (multi-head latent attention and
+    routed experts included: reference/streamed_mla.py)."""
+    names = ["dense", "streamed"] if asked == "auto" else [asked]
     gib = 1 << 30
     for device in devices:
         for name in names:
@@ -139,15 +138,14 @@ def plan_oracle(asked: str, devices: list[str], needs: OracleNeeds, room: dict[s
                                                 f"{device} ({room[device] / gib:.1f} GiB of room)"
                                                 + ("" if name == "dense" or asked != "auto" else
                                                    f"; the whole model's {needs.dense / gib:.2f} GiB do not"))
-    name = ("streamed" if streamable else "dense") if asked == "auto" else asked
+    name = "streamed" if asked == "auto" else asked
     return OraclePlan(name, devices[-1], f"{name}: {needs.of(name) / gib:.2f} GiB of float64 weights fit none of "
                                          f"{', '.join(devices)}; {devices[-1]} is the last resort"
                                          + (" (the streamed oracle holds least)" if name == "streamed" and asked == "auto" else ""))
 
 
-def decide(s: RunSettings, weights: dict[str, torch.Tensor], streamable: bool = True) -> OraclePlan:
-    """Which oracle the run loads and on which device (`--oracle`, `--oracle-device`);
-    streamable: whether the streamed oracle runs this model (not multi-head latent attention)."""
+def decide(s: RunSettings, weights: dict[str, torch.Tensor]) -> OraclePlan:
+    """Which oracle the run loads and on which device (`--oracle`, `--oracle-device`)."""
     asked = s.oracle_device
     if asked.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--oracle-device {asked}: no CUDA device here")
@@ -162,4 +160,4 @@ def decide(s: RunSettings, weights: dict[str, torch.Tensor], streamable: bool = 
             room[device] = int(free * (1 - RESERVE_FRACTION)) - engine - RESERVE_BYTES
         else:
             room[device] = int(host_free_bytes() * (1 - RESERVE_FRACTION)) - HOST_RESERVE_BYTES
-    return plan_oracle(s.oracle, devices, needs_of(weights), room, streamable)
+    return plan_oracle(s.oracle, devices, needs_of(weights), room)

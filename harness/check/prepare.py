@@ -126,7 +126,7 @@ def load(s: RunSettings) -> Loaded:
             cfg, weights = load_checkpoint(directory)
             weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
             check_finite_weights(weights, s.model)
-        plan = decide(s, weights, streamable=cfg.mla is None)   # MLA: the dense oracle only
+        plan = decide(s, weights)
         with timed_phase(phases, "oracle_load"):
             oracle = load_oracle_from(directory, s.model, plan.device, plan.name)
         tokenizer = read_tokenizer(directory)

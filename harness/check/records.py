@@ -133,7 +133,7 @@ def provenance() -> dict:
     return {"ddcheck_version": ver, "commit": commit}
 
 
-_RUN_TO_RUN_KEYS = re.compile(r"(_s|_s_per_step|^time|^run)$")   # record keys that differ run to run
+_RUN_TO_RUN_KEYS = re.compile(r"(_s|_s_per_step|_time_ratio|^time|^run)$")   # record keys that differ run to run
 _FREE_MEMORY = re.compile(r"[\d.]+ GiB of room")                 # the oracle's placement reason states free memory
 
 

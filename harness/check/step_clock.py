@@ -21,11 +21,18 @@ T = TypeVar("T")
 
 @dataclass
 class StepClock:
+    """Step 0 is the warm-up (issue 22 point 3): compilation, CUDA graph capture, the prompts' prefill in the
+    engine, the prompts' first float64 forwards in the oracle. It is timed apart (engine_warmup_s,
+    oracle_warmup_s); engine_s and oracle_s, the per-step figures and their ratio are of the steps after it."""
     engine_s: float = 0.0
     oracle_s: float = 0.0
+    engine_warmup_s: float = 0.0
+    oracle_warmup_s: float = 0.0
+    steps: int = 0   # steps the engine produced so far; the one being checked is steps - 1
 
     def timed(self, rounds: Iterable[T]) -> Iterator[T]:
-        """Yield the engine's steps, adding the time each took to produce to engine_s."""
+        """Yield the engine's steps, adding the time each took to produce to engine_s (step 0's to
+        engine_warmup_s)."""
         it = iter(rounds)
         while True:
             t0 = time.perf_counter()
@@ -35,21 +42,34 @@ class StepClock:
                 return
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
-            self.engine_s += time.perf_counter() - t0
+            self.steps += 1
+            self._add("engine", time.perf_counter() - t0)
             yield step
 
     @contextmanager
     def oracle(self) -> Iterator[None]:
+        """Times the check of the current step (step 0's into oracle_warmup_s)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            self.oracle_s += time.perf_counter() - t0
+            self._add("oracle", time.perf_counter() - t0)
 
-    def per_step(self, steps: int) -> tuple[float | None, float | None]:
-        if steps == 0:
+    def _add(self, side: str, seconds: float) -> None:
+        name = f"{side}_warmup_s" if self.steps <= 1 else f"{side}_s"
+        setattr(self, name, getattr(self, name) + seconds)
+
+    def per_step(self, steps: int | None = None) -> tuple[float | None, float | None]:
+        """Mean engine and oracle seconds per step after the warm-up; None without such a step. `steps`, when
+        given, is the caller's count of the steps produced (the clock's own otherwise)."""
+        after = (self.steps if steps is None else steps) - 1
+        if after <= 0:
             return None, None
-        return self.engine_s / steps, self.oracle_s / steps
+        return self.engine_s / after, self.oracle_s / after
+
+    def ratio(self) -> float | None:
+        """Oracle time over engine time after the warm-up: the issue's 4x goal is on this."""
+        return self.oracle_s / self.engine_s if self.steps > 1 and self.engine_s > 0 else None
 
 
 @contextmanager

@@ -80,8 +80,12 @@ class CheckSummary:
     rank_findings: int = 0           # --tp: a rank's verify metadata or KV heads against rank 0's (tp-rank records)
     divergent_steps: int = 0         # verify steps with at least one divergent node
     stopped_early: bool = False      # the run ended after --stop-after divergent steps
-    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine
-    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle
+    stopped: str | None = None       # the run was stopped from outside: timeout | SIGINT | SIGTERM (check/stop.py)
+    engine_s_per_step: float | None = None  # mean wall seconds per verify step in the engine, after step 0
+    oracle_s_per_step: float | None = None  # mean wall seconds per verify step in the float64 oracle, after step 0
+    engine_warmup_s: float | None = None    # step 0 in the engine (compilation, graph capture, prefill)
+    oracle_warmup_s: float | None = None    # step 0 in the check (the oracle's first forwards over the prompts)
+    oracle_time_ratio: float | None = None  # oracle over engine seconds after step 0 (null with one step)
     oracle_device: str | None = None        # where the float64 oracle computed
     oracle: str | None = None               # which: dense (the whole model held) or streamed (a layer at a time)
     oracle_reason: str | None = None        # why that one there (harness/check/oracle_placement.py)
@@ -100,17 +104,20 @@ class CheckSummary:
         """pass | diverge (a divergence, or the engine under test crashed) |
         port-error (the port under test raised in its own code before anything diverged:
         not a divergence, not a pass) | oracle-crash (the oracle raised before anything diverged) |
-        internal-error (ddcheck's own code raised: nothing it says can be trusted)."""
+        internal-error (ddcheck's own code raised: nothing it says can be trusted) |
+        stopped (a signal or --timeout ended the run before anything diverged: not a pass)."""
         side = (self.crash or {}).get("side")
         if side == "ddcheck":
             return "internal-error"
         if not self.checks_passed or side == "engine":
             return "diverge"
-        return {"port": "port-error", "oracle": "oracle-crash"}.get(side, "pass")
+        if side in ("port", "oracle"):
+            return {"port": "port-error", "oracle": "oracle-crash"}[side]
+        return "stopped" if self.stopped else "pass"
 
     @property
     def passed(self) -> bool:
-        return self.crash is None and self.checks_passed
+        return self.crash is None and self.checks_passed and self.stopped is None
 
     @property
     def checks_passed(self) -> bool:

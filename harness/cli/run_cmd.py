@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harness.check.differential import check
+from harness.check.stop import STOP_EXITS, RunStopped, stoppable
 
 from harness.check.summary import CheckSummary
 
@@ -24,7 +25,7 @@ from harness.check.records import RecordWriter
 from harness.workflows.calibrate import parse_noise_rule
 from harness.check.prompts import parse_prompt_lens
 from harness.workflows.cases import prompts_for
-from harness.engine.settings import RunSettings
+from harness.engine.settings import RunSettings, UsageError
 
 
 SIDE_BY_SIDE_OUT = Path("reports") / "side-by-side.jsonl"
@@ -91,10 +92,14 @@ def run(
     draft_layers: Optional[int] = typer.Option(None, help="the self-draft's layer count k (default: all but the target's last two layers)"),
     tp: int = typer.Option(1, help="tensor-parallel ranks of the engine under test, launched by ddcheck (gloo on the "
                            "CPU, NCCL on GPUs); DDCHECK_TP_TIMEOUT_S bounds a silent rank"),
+    timeout: Optional[float] = typer.Option(None, help="stop the run after SECONDS (as SIGTERM or Ctrl-C do): the "
+                                            "records so far and a summary of verdict `stopped`, exit 124"),
 ) -> None:
     """Run the engine next to the oracle for one setting; exit 0 match, 1 divergence, 2 usage."""
     try:
         check_outputs(out=out, html=html)
+        if timeout is not None and not 0 < timeout <= MAX_TIMEOUT_S:
+            raise UsageError(f"--timeout must be in (0, {MAX_TIMEOUT_S:g}] seconds, got {timeout:g}")
         s = RunSettings(budget=budget, topk=topk, cuda_graph=cuda_graph, backend=pick_backend(backend),
                         batch=batch, max_new_tokens=max_new_tokens, block_size=block_size, model=model,
                         seed=seed, dtype=dtype, fault=fault, accept=accept, device=pick_device(device),
@@ -112,7 +117,7 @@ def run(
             check_port_imports(impl)   # in a child process: an exit at import is a failure, never a pass
     except USAGE_ERRORS as e:
         fail_usage(e)
-    with OutputClaim("run", 1, out=path, html=html) as claim:
+    with OutputClaim("run", 1, out=path, html=html) as claim, stoppable(timeout):
         run_claimed(s, impl, claim, path, html)
 
 
@@ -134,6 +139,9 @@ def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path
             from harness.cli.side_by_side import run_side_by_side
             run_side_by_side(s, impl, path, html, claim)
         prepared = prepare(s, prompts_for(s))
+    except RunStopped as e:   # stopped while loading: no step ran
+        take_or_fail(claim)
+        stopped(s, RecordWriter(path), e)
     except SettingSkipped as e:
         take_or_fail(claim)
         skipped(s, path, e)
@@ -152,6 +160,8 @@ def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path
         task = bar.add_task("verify", total=s.max_new_tokens * s.batch)
         try:
             summary = check(prepared, writer, lambda step, done: bar.update(task, completed=done))
+        except RunStopped as e:   # check() keeps its own stops; this one came while its summary was written
+            stopped(s, writer, e)
         except Exception as e:  # noqa: BLE001  (check() keeps its own crashes; this one escaped it)
             crashed(s, writer, e)
     writer.commit()
@@ -161,7 +171,9 @@ def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path
         write_report([path], html)
     if summary.crash:
         typer.echo(crash_line(summary.crash, summary, path), err=True)
-    raise typer.Exit(EXIT_CODES[summary.verdict])
+    if summary.stopped:
+        typer.echo(f"ddcheck: {summary.notes[-1]} (records: {path})", err=True)
+    raise typer.Exit(exit_code(summary))
 
 
 def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
@@ -178,6 +190,23 @@ def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
 # exit codes by the summary's verdict: 3 when ddcheck could not judge (its own bug, or the oracle's),
 # 4 when the port under test raised in its own code before anything diverged
 EXIT_CODES = {"pass": 0, "diverge": 1, "oracle-crash": 3, "internal-error": 3, "port-error": 4}
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def exit_code(summary: CheckSummary) -> int:
+    """By the verdict; a stopped run by its reason (124 timeout, 130 SIGINT, 143 SIGTERM: check/stop.py)."""
+    if summary.verdict == "stopped":
+        return STOP_EXITS[summary.stopped]
+    return EXIT_CODES[summary.verdict]
+
+
+def stopped(s: RunSettings, writer: RecordWriter, stop: RunStopped) -> NoReturn:
+    """A stop check() did not keep: the records so far and a summary of verdict `stopped`."""
+    from harness.check.differential import write_stopped_summary
+    summary = write_stopped_summary(s, writer, stop)
+    writer.commit()
+    typer.echo(f"ddcheck: {summary.notes[-1]} (records: {writer.path})", err=True)
+    raise typer.Exit(exit_code(summary))
 
 
 def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:

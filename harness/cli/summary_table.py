@@ -44,7 +44,10 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
     if summary.engine_s_per_step is not None:
         t.add_row("time per step", f"engine {summary.engine_s_per_step * 1e3:.1f} ms, "
                                    f"oracle {summary.oracle_s_per_step * 1e3:.1f} ms (float64 on {summary.oracle_device}"
-                                   f"{', streamed by layer' if summary.oracle == 'streamed' else ''})")
+                                   f"{', streamed by layer' if summary.oracle == 'streamed' else ''}"
+                                   f"{_ratio(summary.oracle_time_ratio)}; after step 0)")
+    if summary.engine_warmup_s is not None:
+        t.add_row("warm-up (step 0)", f"engine {summary.engine_warmup_s:.2f} s, oracle {summary.oracle_warmup_s:.2f} s")
     if summary.load_s:
         phases = ", ".join(f"{name.replace('_', ' ')} {sec:.1f} s" for name, sec in summary.load_s.items())
         streams = f"; stream check {summary.streams_s:.1f} s" if summary.streams_s is not None else ""
@@ -88,6 +91,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
             lin = pt["lineage"]
             at = f"at {lin['commit'][:12]}" if lin.get("commit") else "(commit unknown: not a git checkout)"
             t.add_row("port code run", escape(f"{', '.join(lin['files'])} {at}: {', '.join(lin['reached']) or 'nothing'}"))
+        if pt.get("served_verify_input"):   # what SGLang's TritonAttnBackend received (a serving backend)
+            t.add_row("SGLang received", escape(", ".join(pt["served_verify_input"])))
         t.add_row("audit", escape(f"{summary.audit_errors} errors, {summary.audit_warnings} warnings"
                                   + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
     if summary.explanation:
@@ -98,6 +103,11 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
                           "port-error": "[red]PORT ERROR[/] (the port raised in its own code)",
-                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)"}[summary.verdict])
+                          "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)",
+                          "stopped": f"[yellow]STOPPED[/] ({summary.stopped}; not a pass)"}[summary.verdict])
     console.print(t)
     typer.echo(f"records: {path}")   # outside the table: a path is never folded or cut
+
+
+def _ratio(r: float | None) -> str:
+    return f"; oracle/engine {r:.2f}x" if r is not None else ""

@@ -21,8 +21,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 DUMP_ENV = "DDCHECK_FAULT_DUMP"
 FRAME = re.compile(r'File "(?P<file>.+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -82,14 +83,31 @@ def run_in_child(argv: list[str]) -> int:
     fd, dump_path = tempfile.mkstemp(prefix="ddcheck-fault-", suffix=".txt")
     os.close(fd)
     try:
-        # Ctrl-C reaches the child too (same process group): it ends with its own 130, which is passed on
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            rc = subprocess.call([sys.executable, "-m", "harness", *argv], env={**os.environ, DUMP_ENV: dump_path})
-        finally:
-            signal.signal(signal.SIGINT, old)
+        child = subprocess.Popen([sys.executable, "-m", "harness", *argv], env={**os.environ, DUMP_ENV: dump_path})
+        forwarded: list[int] = []
+        with forwarding(child, forwarded):
+            rc = child.wait()
         if rc >= 0 or -rc == signal.SIGINT:
             return rc if rc >= 0 else 130
+        if -rc in forwarded:   # stopped before its own handlers were on (still importing): the shell's status
+            return 128 - rc
         died(-rc, Path(dump_path).read_text(errors="replace"), argv)
     finally:
         Path(dump_path).unlink(missing_ok=True)
+
+
+@contextmanager
+def forwarding(child: subprocess.Popen, forwarded: list[int]) -> Iterator[None]:
+    """SIGTERM and SIGINT sent to this process are passed on to the child (which writes its records so far and
+    a `stopped` summary: harness/check/stop.py), and this process waits for it; `forwarded` lists them. Ctrl-C
+    reaches the child from the terminal too; the child ignores the second."""
+    def forward(signum, frame) -> None:   # noqa: ARG001  (a signal handler's signature)
+        forwarded.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+    before = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

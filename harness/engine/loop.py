@@ -210,7 +210,7 @@ class Engine:
             return self.graph.verify(vb)
         batch = ServerBatch("target-verify", vb.input_ids, vb.positions, vb.req_pool_indices.to(vb.input_ids.device),
                             vb.seq_lens.to(vb.input_ids.device), (vb.q_len,) * vb.seq_lens.numel(),
-                            vb.attn.out_cache_loc, vb.attn.custom_mask, self.s.topk)
+                            vb.attn.out_cache_loc, vb.attn.custom_mask, self.s.topk, vb.spec_info)
         return self._served_forward(batch, vb.attn)
 
     # -- the loop -------------------------------------------------------------

@@ -101,7 +101,7 @@ class ServingGraphRunner:
         st.seq_lens.fill_(self.backend.seq_len_fill_value())
         st.seq_lens[:bs] = vb.seq_lens
         live = ServerBatch("target-verify", vb.input_ids, vb.positions, vb.req_pool_indices, vb.seq_lens,
-                           (n,) * bs, vb.attn.out_cache_loc, vb.attn.custom_mask, self.topk)
+                           (n,) * bs, vb.attn.out_cache_loc, vb.attn.custom_mask, self.topk, vb.spec_info)
         with self.backend.graph_replay(st.batch(n, self.topk), live) as meta:
             if st.graph is not None:
                 st.graph.replay()

@@ -26,6 +26,7 @@ class PortRun:
     conventions: Conventions
     not_driven: dict[str, str] = field(default_factory=dict)   # stage -> the function its worker never calls
     worker: str | None = None     # what the port's worker side calls (WorkerCalls.sentence), None: no worker found
+    served: set[str] = field(default_factory=set)   # the verify input classes SGLang's backend received
 
     @property
     def log(self) -> AuditLog:
@@ -39,16 +40,33 @@ class PortRun:
                 "ddcheck_stages": [s for s in ("build", "compile", "accept", "commit") if s not in self.stages.stages],
                 "budget_counts_root": c.budget_counts_root, "stubbed_imports": list(stubbed),
                 "not_driven": dict(self.not_driven), "worker": self.worker,
+                "served_verify_input": sorted(self.served),
                 "lineage": lineage.describe() if (lineage := getattr(self.stages.adapter, "lineage", None)) else None,
                 "conventions": {k: v for k, v in asdict(c).items()}}
 
     def audit(self, step: int, vb, trees, acceptances, predicts, reads_prefix: bool,
-              produced: tuple[str, list[list[bool]]] | None = None) -> list[Finding]:
-        """produced: (backend name, per request and row whether its logits came out finite)."""
+              produced: tuple[str, list[list[bool]]] | None = None, served=None) -> list[Finding]:
+        """produced: (backend name, per request and row whether its logits came out finite);
+        served: what a serving backend handed SGLang and the width it served (ServedVerify), or None."""
         conv = self.conventions if "compile" in self.stages.stages else None
         audit_step(self.log, step, vb, trees, acceptances, predicts, reads_prefix, conv, produced)
+        if served is not None:
+            self.served.add(("the port's own " if served.ports_own else "the backend's ") + served.verify_input)
+            self.log.add(audit_served_width(step, served, vb.q_len))
         self.log.step = step + 1
         return self.log.drain()
+
+
+def audit_served_width(step: int, served, q_len: int) -> list[Finding]:
+    """The width SGLang's backend served (rows per request in the metadata its kernel read) against
+    the port's tree: a verify input that leaves its width to the server (num_tokens_per_req unset)
+    is served at the server's configured width, whatever the port built."""
+    if served.width == q_len:
+        return []
+    how = "the graph replay's captured metadata" if served.graph else "init_forward_metadata"
+    return [Finding("served-width", "error", step, -1,
+                    f"SGLang's TritonAttnBackend served {served.width} rows per request ({how}, verify input "
+                    f"{served.verify_input}); the port's tree is {q_len} rows wide")]
 
 
 def attach_port(s: RunSettings, pipeline: Pipeline, vocab: int) -> tuple[Pipeline, PortRun | None]:

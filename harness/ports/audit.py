@@ -23,7 +23,7 @@ SEVERITIES = ("error", "warning")
 class Finding:
     check: str        # mask-inverted | mask-padding-visible | mask-extra-key | mask-missing-key | mask-prefix-blocked |
                       # padding-row-empty | mask-layout | mask-length | position | input-id |
-                      # padding-convention | accept | commit-slot | commit-kv | slot-leak
+                      # padding-convention | accept | commit-slot | commit-kv | slot-leak | served-width
     severity: str
     step: int
     request: int
@@ -60,25 +60,43 @@ def mask_encoding(custom_mask: torch.Tensor, limit: int = 4) -> str:
     return f"{str(custom_mask.dtype).removeprefix('torch.')}, values {shown}"
 
 
+# the rule for an inverted mask: the mask as the kernel reads it is the complement of the
+# tree's ancestor mask on at least this share of the real (row, key) entries. A real port's
+# inversion is rarely exact (the seed's additive mask also counts a drafted token 0 as padding),
+# and a mask that is merely wrong flips a few entries, never nine in ten.
+INVERTED_SHARE = 0.9
+
+
+def inverted_entries(block: torch.Tensor, tree: DraftTree, prefix: int) -> tuple[int, int]:
+    """block  # [q_len, prefix+q_len] bool, as the kernel reads it. (entries that are the
+    complement of the ancestor mask, real entries) over the real rows and the real rows' keys."""
+    real = tree.num_rows
+    want = expected_draft_visibility(tree)[:, :real]          # [real, real]
+    return int((block[:real, prefix:prefix + real] == ~want).sum()), real * real
+
+
+def is_inverted(flipped: int, total: int) -> bool:
+    """Two real rows at least (a root alone only shows its own diagonal hidden) and
+    INVERTED_SHARE of the real entries flipped."""
+    return total >= 4 and flipped >= INVERTED_SHARE * total
+
+
 def inverted_on_real_rows(block: torch.Tensor, tree: DraftTree, prefix: int) -> bool:
     """block  # [q_len, prefix+q_len] bool, as the kernel reads it. True when, on the real
-    rows and the real rows' keys, it is exactly the complement of the tree's ancestor
-    mask: each row's root path (itself included) hidden, every other real key visible.
-    Two real rows at least: a root alone would only show its own diagonal hidden."""
-    real = tree.num_rows
-    if real < 2:
-        return False
-    want = expected_draft_visibility(tree)[:, :real]          # [real, real]
-    return bool((block[:real, prefix:prefix + real] == ~want).all())
+    rows and the real rows' keys, it is the complement of the tree's ancestor mask (each
+    row's root path hidden, every other real key visible) on INVERTED_SHARE of the entries."""
+    return is_inverted(*inverted_entries(block, tree, prefix))
 
 
-def inversion_sentence(tree: DraftTree, encoding: str) -> str:
+def inversion_sentence(tree: DraftTree, encoding: str, flipped: int | None = None) -> str:
     """What an inverted mask is, measured: one sentence."""
     n = tree.num_rows
-    return (f"the mask handed over ({encoding}) is the complement of the tree's ancestor mask on all {n} real rows "
-            f"({n * n} of {n * n} (row, key) entries inverted): the kernel keeps custom_mask != 0 as visible, so each "
-            "row sees every real key off its root path and none on it, itself included (an additive bias, 0 = "
-            "visible and a large negative = hidden, handed to custom_mask as it is reads exactly so)")
+    flipped = n * n if flipped is None else flipped
+    rest = "" if flipped == n * n else f"; the other {n * n - flipped} entries read as the tree says"
+    return (f"the mask handed over ({encoding}) is the complement of the tree's ancestor mask on {n} real rows "
+            f"({flipped} of {n * n} (row, key) entries inverted{rest}): the kernel keeps custom_mask != 0 as visible, "
+            "so each row sees the real keys off its root path and not its root path, itself included (an additive "
+            "bias, 0 = visible and a large negative = hidden, handed to custom_mask as it is reads exactly so)")
 
 
 def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Tensor,
@@ -93,9 +111,10 @@ def audit_mask(step: int, b: int, tree: DraftTree, prefix: int, block: torch.Ten
     draft = block[:, prefix:]
     want = expected_draft_visibility(tree)
     got = draft[:real]
-    inverted = inverted_on_real_rows(block, tree, prefix)
-    if inverted:   # the extra and missing keys below are all this one defect
-        out.append(Finding("mask-inverted", "error", step, b, inversion_sentence(tree, encoding),
+    flipped, total = inverted_entries(block, tree, prefix)
+    inverted = is_inverted(flipped, total)
+    if inverted:   # the extra and missing keys below are this one defect (the rest is named in the sentence)
+        out.append(Finding("mask-inverted", "error", step, b, inversion_sentence(tree, encoding, flipped),
                            tuple(range(real))))
     pad_seen = [i for i in range(real) if got[i, real:].any()]
     if pad_seen:

@@ -90,14 +90,20 @@ class PortStages:
             raise PortError(f"{self.adapter.conventions.family}: compile gave {ids.numel()} ids and {pos.numel()} "
                             f"positions for {bs} requests of width {q}")
         vb = VerifyBatch(ids, pos, torch.tensor(seq_lens, dtype=torch.int64),
-                         torch.tensor(req_pool_indices, dtype=torch.int64), attn, q)
+                         torch.tensor(req_pool_indices, dtype=torch.int64), attn, q,
+                         compiled.native.get("verify_input"))   # the port's object: what a serving backend hands SGLang
         self.log.add(audit_layout(self.log.step, compiled.mask.layout, list(seq_lens), km.port_numel,
                                   km.expected_numel))
         return vb
 
     # -- accept ----------------------------------------------------------------------
     def accept(self, tree: DraftTree, predicts: list[int]) -> Acceptance:
-        return self.adapter.accept([tree], torch.tensor([predicts], dtype=torch.int64))[0]
+        acc = self.adapter.accept([tree], torch.tensor([predicts], dtype=torch.int64))[0]
+        found = getattr(self.adapter, "findings", None)   # a commit the port's accept makes (tree_verify)
+        if found:
+            self.log.add([replace(f, step=self.log.step, request=-1) for f in found])
+            found.clear()
+        return acc
 
     # -- commit ----------------------------------------------------------------------
     def adapter_commit(self, req_pool, kv_pool, req_pool_indices, seq_lens, out_cache_loc, trees, accs):

@@ -10,6 +10,7 @@ curve, both token streams and the reproduce command. It renders records only.
 Layer: report. Imports the check and below; never workflows or cli."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from harness.report import assets
@@ -69,6 +70,22 @@ def _stamp(views: list[SettingView]) -> str:
         return ""
     commit = f", commit {m['commit']}" if m.get("commit") else ""
     return f"; ddcheck {m['ddcheck_version']}{commit}, {m.get('time', '')}"
+
+
+# what differs between two runs of the same settings: the facts read off the clock or naming the records file
+# (rows of `facts`), and the records' paths and write time in the header (`render`, `_stamp`)
+_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:oracle time per step|engine time per step|records)</th><td>)[^<]*(</td>)")
+_RUN_TO_RUN_SOURCES = re.compile(r'(<p class="sources">records: )[^<]*?(?=; ddcheck |</p>)')
+_RUN_TO_RUN_WRITTEN = re.compile(r'(<p class="sources">[^<]*, )\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?(?=</p>)')
+
+
+def page_run_to_run(page: str) -> str:
+    """A page of `render` without what differs between two runs of one matrix (times per step, the records'
+    paths and the time they were written): what two executors, or two runs, must agree on. The ddcheck
+    version and commit stay."""
+    for pattern, blank in ((_RUN_TO_RUN_FACTS, r"\1?\2"), (_RUN_TO_RUN_SOURCES, r"\1?"), (_RUN_TO_RUN_WRITTEN, r"\1?")):
+        page = pattern.sub(blank, page)
+    return page
 
 
 # ---------------------------------------------------------------- grid
@@ -192,8 +209,10 @@ def _facts(v: SettingView) -> str:
             ("max noise ratio (engine / twin error)", _fmt(m.get("max_noise_ratio"), ".2f")),
             ("max twin error", _fmt(m.get("max_twin_err"), ".2e")),
             ("noise excess (nodes in the noise's 1% tail)", _excess(m.get("noise_excess"))),
-            ("oracle time per step", _fmt(m.get("oracle_s_per_step"), ".3f")),
-            ("engine time per step", _fmt(m.get("engine_s_per_step"), ".3f")),
+            ("oracle time per step (after step 0)", _fmt(m.get("oracle_s_per_step"), ".3f")),
+            ("engine time per step (after step 0)", _fmt(m.get("engine_s_per_step"), ".3f")),
+            ("oracle / engine time", _fmt(m.get("oracle_time_ratio"), ".2f")),
+            ("warm-up, step 0 (engine, oracle)", _warmup(m)),
             ("oracle device", m.get("oracle_device")), ("records", v.source)]
     rows += [("note", n) for n in m.get("notes") or []]
     body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(x)}</td></tr>" for k, x in rows if x is not None)
@@ -319,3 +338,8 @@ def _streams(streams: list[dict]) -> str:
             out.append(f'<div class="stream"><span class="who">{who}</span><span class="toks">{spans}</span></div>')
         out.append("</div>")
     return "".join(out)
+
+
+def _warmup(m: dict) -> str | None:
+    e, o = m.get("engine_warmup_s"), m.get("oracle_warmup_s")
+    return None if e is None or o is None else f"{e:.2f} s, {o:.2f} s"

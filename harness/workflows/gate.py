@@ -8,6 +8,7 @@ Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, replace
 
@@ -128,6 +129,15 @@ def junit_xml(verdicts: list[Verdict], wall_s: float, made: dict | None = None) 
                 ET.SubElement(tc, "system-out").text = f"{v.message or 'all nodes match'}\nreproduce: {v.setting}"
     ET.indent(root)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+_JUNIT_TIMES = re.compile(r' (time|timestamp)="[^"]*"')   # the only attributes junit_xml fills from the clock
+
+
+def junit_run_to_run(xml: str) -> str:
+    """The JUnit of junit_xml without what differs between two runs of one gate (wall times and the
+    timestamp): what two executors, or two runs, must agree on. The commit and version stay."""
+    return _JUNIT_TIMES.sub("", xml)
 
 
 def json_summary(cases: list[Case], verdicts: list[Verdict], wall_s: float, records: str | None,

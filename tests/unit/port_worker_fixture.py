@@ -153,15 +153,48 @@ VARIANTS = {
     "other_params": ("worker", "def _tree_and_mask(self, batch, draft_input, draft_hidden, lm_head):",
                      "def _tree_and_mask(self, *, draft_hidden, start_positions, block_ids, lm_head):\n"
                      "        batch = draft_input = None"),
+    # DB-Guo's shape: the verify input is an SGLang SpecInput of type DFLASH_VERIFY (the installed SGLang's
+    # base class; its width, num_tokens_per_req, left to the server), so a serving backend hands SGLang this
+    # object itself
+    "spec_input": ("info", "@dataclass\nclass DFlashVerifyInput:\n",
+                   "from sglang.srt.speculative.spec_info import SpecInput, SpecInputType\n\n\n"
+                   "@dataclass\nclass DFlashVerifyInput(SpecInput):\n"
+                   "    def __post_init__(self):\n"
+                   "        super().__init__(spec_input_type=SpecInputType.DFLASH_VERIFY)\n\n"),
+    # (after spec_input) the verify input names a width one row short of its tree: SGLang serves that width
+    "short_width": ("info", "        super().__init__(spec_input_type=SpecInputType.DFLASH_VERIFY)\n",
+                    "        super().__init__(spec_input_type=SpecInputType.DFLASH_VERIFY)\n"
+                    "        self.num_tokens_per_req = int(self.draft_token_num) - 1\n"),
+    # the greedy walk through SGLang's verify_tree_greedy_func (as DB-Guo's tree_verify calls it)
+    "sglang_greedy": [("info", "import torch\n\n\ndef assign_req_to_token_pool_func",
+                       "import torch\nfrom sglang.srt.speculative.eagle_utils import verify_tree_greedy_func\n\n\n"
+                       "def assign_req_to_token_pool_func"),
+                      ("info", "        keep, lens, bonus = [], [], []\n        for b in range(bs):\n",
+                      "        g = verify_tree_greedy_func(predicts=torch.full((bs * q,), -1, dtype=torch.int32), "
+                      "accept_index=torch.full((bs, q), -1, dtype=torch.int32), "
+                      "accept_token_num=torch.zeros(bs, dtype=torch.int32), candidates=cand, "
+                      "retrieve_index=torch.arange(bs * q).view(bs, q), retrieve_next_token=self.retrieve_next_token, "
+                      "retrieve_next_sibling=self.retrieve_next_sibling, target_predict=target, topk=1)\n"
+                      "        keep, lens, bonus = [], [], []\n        for b in range(bs):\n"),
+                      # ... and its result is what the port accepts (a stand-in that does not walk fails here)
+                      ("info", "        kept = torch.tensor(keep)\n",
+                       "        acc, pred = torch.as_tensor(g[1]).view(bs, -1), torch.as_tensor(g[0])\n"
+                       "        keep = [int(i) for b in range(bs) for i in acc[b] if int(i) != -1]\n"
+                       "        lens = [int((acc[b] != -1).sum()) for b in range(bs)]\n"
+                       "        bonus = [int(pred[int(acc[b][lens[b] - 1])]) for b in range(bs)]\n"
+                       "        kept = torch.tensor(keep)\n")],
+    # the commit inside tree_verify writes the accepted slots one position late
+    "commit_late": ("info", "                                      batch.seq_lens, end, batch.out_cache_loc, bs)",
+                    "                                      batch.seq_lens + 1, end + 1, batch.out_cache_loc, bs)"),
 }
 
 
 def write_checkout(root: Path, *variants: str, git_commit: str | None = None) -> Path:
     files = {"worker": WORKER, "info": INFO, "utils": UTILS}
     for v in variants:
-        which, old, new = VARIANTS[v]
-        assert old in files[which], v
-        files[which] = files[which].replace(old, new)
+        for which, old, new in (VARIANTS[v] if isinstance(VARIANTS[v], list) else [VARIANTS[v]]):
+            assert old in files[which], v
+            files[which] = files[which].replace(old, new)
     spec = root / SPEC
     spec.mkdir(parents=True, exist_ok=True)
     (spec / "dflash_worker.py").write_text(files["worker"])

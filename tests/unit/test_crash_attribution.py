@@ -86,9 +86,9 @@ def test_an_engine_crash_with_nothing_before_it_is_a_divergence_named_crash(tmp_
 def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_path, monkeypatch):
     import harness.check.differential as check_mod
 
-    def broken_compare(engine, ref):
+    def broken_compare(requests, device=None):
         raise IndexError("index 7 is out of bounds")
-    monkeypatch.setattr(check_mod, "compare_rows", broken_compare)
+    monkeypatch.setattr(check_mod, "step_table", broken_compare)
     out = tmp_path / "r.jsonl"
     result = CliRunner().invoke(cli.app, [*RUN, "--out", str(out)])
     assert result.exit_code == 3, result.output
@@ -148,9 +148,9 @@ def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
     from harness.engine.settings import RunSettings
     from harness.workflows.sweep import SettingJob, run_jobs, unjudged_lines, verdict
 
-    def broken_compare(engine, ref):
+    def broken_compare(requests, device=None):
         raise IndexError("index 7 is out of bounds")
-    monkeypatch.setattr(check_mod, "compare_rows", broken_compare)
+    monkeypatch.setattr(check_mod, "step_table", broken_compare)
     job = SettingJob(0, RunSettings(budget=8, backend="torch", max_new_tokens=2))
     (r,) = run_jobs([job], 1)
     assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"

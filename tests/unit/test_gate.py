@@ -184,3 +184,23 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 def _ddcheck(*args):
     return subprocess.run([sys.executable, "-c", "from harness.cli import main; main()", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_junit_run_to_run_drops_the_clock_and_keeps_verdicts_and_stamp():
+    """Two runs of one gate: other wall times and timestamps, the same JUnit once junit_run_to_run takes
+    them out; another message, reproduce command or commit is still another JUnit."""
+    from dataclasses import replace
+
+    from harness.workflows.gate import Verdict, junit_run_to_run
+    verdicts = [Verdict("mini", "setting", "clean: b8", "ddcheck run --budget 8", True, "", 1.0),
+                Verdict("mini", "fault", "fault x: b16", "ddcheck run --budget 16", True, "caught: mask", 2.0)]
+    made = {"time": "2026-01-01T00:00:00+00:00", "ddcheck_version": "0.1.0", "commit": "abc"}
+    first = junit_xml(verdicts, 3.0, made)
+    later = {**made, "time": "2026-01-02T01:02:03"}
+    again = junit_xml([replace(v, seconds=v.seconds * 7) for v in verdicts], 9.5, later)
+    assert first != again and junit_run_to_run(first) == junit_run_to_run(again)
+    assert 'time="' not in junit_run_to_run(first) and "abc" in junit_run_to_run(first)
+    others = (junit_xml([verdicts[0], replace(verdicts[1], message="caught: kv")], 3.0, made),
+              junit_xml([replace(verdicts[0], setting="ddcheck run --budget 4"), verdicts[1]], 3.0, made),
+              junit_xml(verdicts, 3.0, {**made, "commit": "def"}))
+    assert all(junit_run_to_run(o) != junit_run_to_run(first) for o in others)

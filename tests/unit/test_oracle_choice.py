@@ -33,9 +33,21 @@ def test_auto_streams_on_the_gpu_before_the_dense_oracle_on_the_host():
     assert (plan.name, plan.device) == ("streamed", "cpu")
 
 
-def test_auto_never_streams_what_the_streamed_oracle_cannot_run():
-    plan = plan_oracle("auto", ["cuda:0", "cpu"], NEEDS, {"cuda:0": 100 * GIB, "cpu": 20 * GIB}, streamable=False)
-    assert (plan.name, plan.device) == ("dense", "cpu")
+def test_auto_streams_an_mla_moe_model_where_the_dense_oracle_does_not_fit(monkeypatch):
+    """tiny-kimi-k2 (multi-head latent attention, routed experts) with host room for the streamed oracle
+    (two layers) but not the whole model: auto loads the streamed oracle, whose reading agrees with the engine's."""
+    from harness.check import oracle_placement, prepare
+    from harness.engine.model.presets import checkpoint_dir
+    from reference.streamed import StreamedOracle
+    with checkpoint_dir("tiny-kimi-k2", 0) as d:
+        needs = needs_of(prepare.load_checkpoint(d)[1])
+    room = needs.streamed + 8   # the host reserve dropped: room for the streamed oracle, none to spare
+    monkeypatch.setattr(oracle_placement, "HOST_RESERVE_BYTES", 0)
+    free = int(room / (1 - oracle_placement.RESERVE_FRACTION)) + 1
+    monkeypatch.setattr(oracle_placement, "host_free_bytes", lambda: free)
+    loaded = prepare.load(RunSettings(model="tiny-kimi-k2", backend="torch"))
+    assert loaded.oracle_plan.name == "streamed" and "do not" in loaded.oracle_plan.reason
+    assert isinstance(loaded.oracle, StreamedOracle) and loaded.load_mismatches == ()
 
 
 def test_nothing_fits_falls_back_to_the_last_device():
@@ -48,10 +60,11 @@ def test_nothing_fits_falls_back_to_the_last_device():
 def test_needs_count_the_largest_layer_and_a_vocabulary_slice():
     w = {"model.embed_tokens.weight": torch.zeros(100, 4), "model.norm.weight": torch.zeros(4),
          "model.layers.0.mlp.up_proj.weight": torch.zeros(8, 4), "model.layers.1.mlp.up_proj.weight": torch.zeros(9, 4),
-         "model.layers.1.input_layernorm.weight": torch.zeros(4)}
+         "model.layers.1.input_layernorm.weight": torch.zeros(4),
+         "model.layers.2.mlp.up_proj.weight": torch.zeros(8, 4)}
     needs = needs_of(w)
-    assert needs.dense == 8 * (400 + 4 + 32 + 36 + 4)
-    assert needs.streamed == 8 * (36 + 4 + 400)   # layer 1, and the (tied) head's 100 rows
+    assert needs.dense == 8 * (400 + 4 + 32 + 36 + 4 + 32)
+    assert needs.streamed == 8 * (2 * (36 + 4) + 400)   # layer 1 twice (the next one read ahead), the tied head's rows
     with pytest.raises(ValueError):
         OracleNeeds(dense=1, streamed=2)
     with pytest.raises(ValueError):

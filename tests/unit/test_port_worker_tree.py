@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from harness.check.crash import attribute
 from harness.cli import _register, app
+from harness.engine.attn.sglang_triton import available
 from harness.engine.ddtree.mask import kernel_visible
 from harness.ports import registry
 from harness.ports.audit import audit_acceptance, audit_mask, mask_encoding
@@ -238,3 +239,61 @@ def test_a_run_judges_the_workers_code_and_names_what_ran(tmp_path, variant, exi
 def test_ports_shows_mask_shapes_as_text():
     r = CliRunner().invoke(app, ["ports"], env={"COLUMNS": "1000"})
     assert r.exit_code == 0 and "flat per-request [q, prefix + q] blocks" in r.output, r.output
+
+
+def _serving_run(tmp_path, *variants, extra=()):
+    import json
+    root = write_checkout(tmp_path / "port", *variants)
+    out = tmp_path / "run.jsonl"
+    r = CliRunner().invoke(app, ["run", "--impl", f"dflash-worker-tree:{root}", "--budget", "4", "--topk", "1",
+                                 "--max-new-tokens", "2", "--backend", "sglang-serving-dflash", *extra,
+                                 "--out", str(out)])
+    records = [json.loads(x) for x in out.read_text().splitlines()]
+    return r, next(x for x in records if x["kind"] == "summary"), records
+
+
+@pytest.mark.skipif(not available(), reason="no SGLang")
+def test_the_ports_own_verify_input_is_what_sglangs_backend_receives(tmp_path):
+    """A verify input of SGLang's DFLASH_VERIFY type goes to TritonAttnBackend as the port's worker built
+    it, here at graph replay (eagerly: the served-width test below, whose width only the port's own object
+    can carry), and the width it served is the tree's (no served-width finding).
+    (A plain class of the port's gets the backend's own, built from its mask: the other runs of this file.)"""
+    r, summary, records = _serving_run(tmp_path, "spec_input", extra=("--cuda-graph",))
+    assert r.exit_code in (0, 1), r.output     # under graphs SGLang's DFlash capture has no mask (graph-causal-mask)
+    assert summary["port"]["served_verify_input"] == ["the port's own DFlashVerifyInput (dflash_info.py)"]
+    assert not [x for x in records if x["kind"] == "audit" and x["check"] == "served-width"]
+
+
+@pytest.mark.skipif(not available(), reason="no SGLang")
+def test_a_verify_input_naming_another_width_than_its_tree_is_caught_as_served_width(tmp_path):
+    """The port's own object, eagerly: SGLang serves the width it names (the backend's own would name 5)."""
+    r, summary, records = _serving_run(tmp_path, "spec_input", "short_width", extra=("--no-cuda-graph",))
+    assert r.exit_code == 1, r.output
+    found = [x for x in records if x["kind"] == "audit" and x["check"] == "served-width"]
+    assert found and "served 4 rows per request" in found[0]["detail"] and "5 rows wide" in found[0]["detail"]
+
+
+def test_tree_verify_runs_sglangs_greedy_kernel_off_cuda(tmp_path):
+    """The fixture's tree_verify calls SGLang's verify_tree_greedy_func, which 0.5.23 has no CPU path for:
+    SGLang's own Triton kernel runs in its place, and its walk is the fixture's."""
+    if torch.cuda.is_available():
+        pytest.skip("on CUDA SGLang's own kernel runs")
+    a = DFlashWorkerTree(write_checkout(tmp_path / "port", "sglang_greedy"))
+    lp, trees = built(a)
+    a.compile(trees, [3])
+    target = torch.tensor([[int(t) for t in trees[0].tokens[1:]] + [5]])   # accepts the chain
+    (acc,) = a.accept(trees, target)
+    assert acc.rows[:2] == (0, 1)
+
+
+def test_the_commit_inside_tree_verify_is_audited(tmp_path):
+    """A tree_verify that writes the accepted slots one position late: commit-slot, with the slots."""
+    for variant, bad in ((None, False), ("commit_late", True)):
+        a = DFlashWorkerTree(write_checkout(tmp_path / str(variant), *([variant] if variant else [])))
+        lp, trees = built(a)
+        a.compile(trees, [3])
+        a.accept(trees, torch.tensor([[int(t) for t in trees[0].tokens[1:]] + [5]]))
+        checks = [f.check for f in a.findings]
+        assert ("commit-slot" in checks) == bad, a.findings
+        if bad:
+            assert "position 3" in a.findings[0].detail

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.report.html import write_report
+from harness.report.html import page_run_to_run, write_report
 from report_fixtures import SETTING, failing_records, mask_probe, summary, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,3 +117,24 @@ def test_the_first_wrong_quantity_shows_its_expected_and_found_values(tmp_path):
     assert "[0, 14, 28]" in block and "[0, 13, 27]" in block
     assert "mask_indptr &lt;off&gt; by one row" in html      # the later ones, escaped
     assert "<h4>First wrong quantity</h4>" not in _render(tmp_path, failing_records())
+
+
+def test_page_run_to_run_drops_times_and_paths_and_keeps_what_was_found(tmp_path):
+    """Two runs of one setting: other times per step, write time and records file, the same page once
+    page_run_to_run takes those out; a different finding or commit is still a different page."""
+    def page(name: str, **over) -> str:
+        rec = {**summary("ddcheck run --budget 4", True, budget=4, fault=None), "oracle_s_per_step": 0.05,
+               "engine_s_per_step": 0.3, "ddcheck_version": "0.1.0", "commit": "abc",
+               "time": "2026-01-01T00:00:00+00:00"}
+        (tmp_path / name).mkdir()
+        out = tmp_path / name / "r.html"
+        write_report([write(tmp_path / name / "r.jsonl", [{**rec, **over}])], out)
+        return out.read_text()
+
+    first = page("a")
+    again = page("b", oracle_s_per_step=0.09, engine_s_per_step=0.7, time="2026-01-02T10:11:12.5+00:00")
+    assert first != again and page_run_to_run(first) == page_run_to_run(again)
+    assert "0.050" not in page_run_to_run(first) and "2026-01-01" not in page_run_to_run(first)
+    assert "commit abc" in page_run_to_run(first)
+    for n, other in enumerate(({"max_rel_err": 2e-7}, {"commit": "def"}, {"near_ties": 1})):
+        assert page_run_to_run(page(f"c{n}", **other)) != page_run_to_run(first), other

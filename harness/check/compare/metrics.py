@@ -52,6 +52,17 @@ def compare_rows(engine: torch.Tensor, ref: torch.Tensor) -> list[NodeMetrics]:
         raise ValueError(f"compare_rows needs two [n, vocab] tensors, got {tuple(engine.shape)} and {tuple(ref.shape)}")
     if ref.shape[0] == 0:
         return []
+    return [metrics_of(row) for row in metric_columns(engine, ref).tolist()]
+
+
+# the columns of metric_columns, in NodeMetrics' order
+METRIC_COLUMNS = ("rel_err", "top1_agree", "kl", "ref_gap", "finite", "ref_scale")
+
+
+def metric_columns(engine: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """NodeMetrics' quantities of every row as one float64 tensor on ref's device, nothing copied to the host
+    (booleans as 0 and 1): [n, 6] in METRIC_COLUMNS' order. engine  # [n, vocab] any float dtype;
+    ref  # [n, vocab] float64, n >= 1."""
     e = engine.to(ref.device, torch.float64)                                  # [n, vocab]
     finite = torch.isfinite(e).all(-1)                                        # [n]
     scale = ref.abs().amax(-1).clamp_min(1e-30)                               # [n] max |ref|
@@ -64,8 +75,13 @@ def compare_rows(engine: torch.Tensor, ref: torch.Tensor) -> list[NodeMetrics]:
     inf = torch.full_like(rel, float("inf"))
     rel, kl = torch.where(finite, rel, inf), torch.where(finite, kl, inf)
     agree = agree & finite
-    cols = [t.tolist() for t in (rel, agree, kl, gap, finite, scale)]
-    return [NodeMetrics(*row) for row in zip(*cols)]
+    return torch.stack([rel, agree.double(), kl, gap, finite.double(), scale], -1)   # [n, 6]
+
+
+def metrics_of(row: list[float]) -> NodeMetrics:
+    """A row of metric_columns, on the host, as NodeMetrics."""
+    rel, agree, kl, gap, finite, scale = row
+    return NodeMetrics(rel, bool(agree), kl, gap, bool(finite), scale)
 
 
 def rel_l2(engine: torch.Tensor, ref: torch.Tensor) -> list[float]:
@@ -76,6 +92,11 @@ def rel_l2(engine: torch.Tensor, ref: torch.Tensor) -> list[float]:
     of it, the norm a steady one (harness/verdict/noise_floor.py)."""
     if engine.shape != ref.shape or ref.dim() != 2:
         raise ValueError(f"rel_l2 needs two [n, vocab] tensors, got {tuple(engine.shape)} and {tuple(ref.shape)}")
+    return rel_l2_column(engine, ref).tolist()
+
+
+def rel_l2_column(engine: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """rel_l2 on ref's device: [n] float64."""
     e = engine.to(ref.device, torch.float64)                                  # [n, vocab]
     err = torch.linalg.vector_norm(e - ref, dim=-1)                           # [n]
-    return (err / torch.linalg.vector_norm(ref, dim=-1).clamp_min(1e-30)).tolist()
+    return err / torch.linalg.vector_norm(ref, dim=-1).clamp_min(1e-30)

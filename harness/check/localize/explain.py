@@ -11,6 +11,12 @@ fault catalog is named only when the measurement is the one that fault
 leaves; otherwise the class names what was measured (mask-visibility,
 kv-indices, ...), and "unknown" when nothing measured points anywhere.
 
+`inverted-mask` is a rule of its own: the mask as the kernel reads it
+(custom_mask != 0 = visible) is the complement of the reference ancestor
+mask on at least 90% of the real (row, key) entries (INVERTED_SHARE in
+harness/ports/audit.py, the one rule for the audit, the metadata audit and
+the probe). It measures; no adapter repairs the mask to reach it.
+
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from harness.check.localize.layer_bisect import Bisect
 from harness.check.localize.mask_probe import (MaskDiff, derived_parents, flat_shift_explains, row_stride_explains,
                                          visibility_changes)
 from harness.check.localize.wrong import STAGE_WORDS, Wrong, first_wrong
+from harness.ports.audit import is_inverted
 
 STAGES = tuple(STAGE_WORDS.values())
 # the classes the fault catalog expects (harness/faults/catalog.py; a unit test keeps them equal)
@@ -235,12 +242,12 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> Cause:
     roles = d.key_roles
     changes = visibility_changes(d)
     quantity = "the verify mask (effective visibility)"
-    inverted = _inverted_pairs(d, ev.num_rows)
-    if inverted:
+    inverted, total = _inverted_pairs(d, ev.num_rows)
+    if is_inverted(inverted, total):
         return Cause("inverted-mask", quantity, "mask",
                      f"the mask probe measured the visibility the kernel applied as the complement of the tree's "
-                     f"ancestor mask on every real row ({inverted} of {inverted} (row, key) pairs of the real rows): "
-                     f"each row sees exactly the keys off its root path; {changes}")
+                     f"ancestor mask on the real rows ({inverted} of {total} (row, key) pairs of the real rows): "
+                     f"each row sees the keys off its root path; {changes}")
     if d.leaked and not d.blocked and all(roles[c].startswith("padding") for _, c in d.leaked):
         return Cause("padding-leak", quantity, "mask", f"{_leak_sentence(ev, d)}; {changes}")
     other = _other_requests_tree(ev, d)
@@ -270,14 +277,12 @@ def _classify_mask(ev: Evidence, d: MaskDiff) -> Cause:
     return Cause("mask-visibility", quantity, "mask", f"{changes}{empty}")
 
 
-def _inverted_pairs(d: MaskDiff, real: int) -> int:
-    """real x real when the applied visibility on the real rows' draft keys is the
-    exact complement of the expected one (two real rows at least); else 0."""
+def _inverted_pairs(d: MaskDiff, real: int) -> tuple[int, int]:
+    """(pairs whose applied visibility is the complement of the expected one, real x real)
+    over the real rows' draft keys."""
     p = d.prefix_len
-    if real < 2:
-        return 0
     got, want = d.effective[:real, p:p + real], d.expected[:real, p:p + real]   # [real, real] bool
-    return real * real if bool((got == ~want).all()) else 0
+    return int((got == ~want).sum()), real * real
 
 
 def _other_requests_tree(ev: Evidence, d: MaskDiff) -> MaskDiff | None:

@@ -18,7 +18,7 @@ from harness.check.localize.mask_probe import ancestor_mask
 from harness.check.localize.roles import role_diff, role_sentence, slot_owner
 from harness.check.localize.wrong import Wrong, excerpt
 from harness.engine.ddtree.mask import kernel_visible
-from harness.ports.audit import inversion_sentence, inverted_on_real_rows, mask_encoding
+from harness.ports.audit import inversion_sentence, inverted_entries, is_inverted, mask_encoding
 
 
 def audit_round(engine, result, oracle) -> list[Wrong]:
@@ -138,9 +138,10 @@ def _mask(engine, result, trees, seq, mask_indptr) -> list[Wrong]:
             continue
         diff = role_diff(want, got, t, p, judged)
         rows = sorted({r for r, _ in bad.nonzero().tolist()})
-        inverted = inverted_on_real_rows(got, t, p)
+        flipped, total = inverted_entries(got, t, p)
+        inverted = is_inverted(flipped, total)   # the rule: INVERTED_SHARE of the real entries (ports/audit.py)
         text = f"request {rid}: the custom mask block (rows at stride prefix {p} + q_len {n}) " + (
-            f"is inverted: {inversion_sentence(t, mask_encoding(a.custom_mask))}" if inverted else
+            f"is inverted: {inversion_sentence(t, mask_encoding(a.custom_mask), flipped)}" if inverted else
             f"differs from the ancestor mask: {role_sentence(diff)}" if rows else "")
         if empty:
             text += ("; " if rows else "") + f"padding rows {ranges(empty)} see no key at all"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -82,6 +82,8 @@ class ServerBatch:
     out_cache_loc: torch.Tensor    # [T] slot each row's K/V is written to
     custom_mask: torch.Tensor | None = None  # flat bool blocks (target-verify), as the worker hands it over
     topk: int = 1                  # the tree's per-depth candidates (EAGLE's verify input carries it)
+    spec_info: Any = None          # a port's own verify input object, handed to SGLang as is when its type is
+                                   # the backend's (else the backend builds its own from the fields above)
 
     def __post_init__(self) -> None:
         if self.mode not in ("extend", "target-verify"):

@@ -60,11 +60,15 @@ class VerifyInputKind:
     algorithm: str                  # SGLang's SpeculativeAlgorithm member the runner runs
     build: Callable[..., Any]       # (api, batch | None, mask, q_len, topk) -> verify input
     capture_with_mask: bool         # the capture-time input carries the mask buffer (else None: causal)
+    spec_input_type: str            # SGLang's SpecInputType member of this verify input (a port's own object of
+                                    # that type is handed to SGLang as is)
 
 
 VERIFY_INPUTS = {
-    "eagle": VerifyInputKind("sglang-serving", "EAGLE", _eagle_input, capture_with_mask=True),
-    "dflash": VerifyInputKind("sglang-serving-dflash", "DFLASH", _dflash_input, capture_with_mask=False),
+    "eagle": VerifyInputKind("sglang-serving", "EAGLE", _eagle_input, capture_with_mask=True,
+                              spec_input_type="EAGLE_VERIFY"),
+    "dflash": VerifyInputKind("sglang-serving-dflash", "DFLASH", _dflash_input, capture_with_mask=False,
+                               spec_input_type="DFLASH_VERIFY"),
 }
 
 

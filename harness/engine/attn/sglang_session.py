@@ -10,6 +10,8 @@ workflows or cli."""
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -17,6 +19,24 @@ import torch
 from harness.engine.attn.base import ServerBatch, ServingPool
 from harness.engine.attn.sglang_runtime import ServingAPI
 from harness.engine.ddtree.verify_inputs import AttnMetadata
+
+
+@dataclass(frozen=True)
+class ServedVerify:
+    """What SGLang's TritonAttnBackend was handed and served for the last target-verify forward."""
+
+    verify_input: str   # the class SGLang received, e.g. "DFlashVerifyInput (the port's dflash_info)"
+    ports_own: bool     # the port's own object (its worker built it), not one this backend built
+    width: int          # rows per request SGLang's metadata served (max_extend_len of what the kernel read)
+    graph: bool         # a graph replay (the captured metadata) rather than an eager forward
+
+
+def _label(spec) -> str:
+    """The class and the file defining it, e.g. "DFlashVerifyInput (dflash_info.py)"."""
+    cls = type(spec)
+    files = [f.__code__.co_filename for f in vars(cls).values() if hasattr(f, "__code__")]
+    where = next((Path(f).name for f in files if not f.startswith("<")), cls.__module__.rsplit(".", 1)[-1])
+    return f"{cls.__name__} ({where})"
 
 
 class ServingSession:
@@ -49,6 +69,7 @@ class ServingSession:
         self._captured: dict[int, Any] = {}       # bucket -> ForwardMetadata the capture built (graph buffer views)
         self._graph_batches: dict[int, Any] = {}  # bucket -> the ForwardBatch the capture ran on (static buffers)
         self._graph_state = False
+        self.last_served: ServedVerify | None = None
 
     @property
     def req_to_token(self) -> torch.Tensor:
@@ -75,13 +96,28 @@ class ServingSession:
             seq_lens_sum=int(seq_lens.sum()), positions=batch.positions)
         self.runner.kv_index_translator.bind_own_plan(fb)
         if verify:
-            fb.spec_info = spec_info if spec_info is not None else self.kind.build(
-                api, batch, batch.custom_mask, batch.extend_lens[0], batch.topk)
+            fb.spec_info = spec_info if spec_info is not None else self.verify_input(batch)
         else:
             fb.extend_prefix_lens, fb.extend_prefix_lens_cpu = cached, cached.tolist()
             fb.extend_seq_lens, fb.extend_seq_lens_cpu = extend, list(batch.extend_lens)
             fb.extend_num_tokens = sum(batch.extend_lens)
         return fb
+
+    def takes(self, spec) -> bool:
+        """A port's own verify input goes to SGLang as is when its SpecInputType is this backend's."""
+        kind = getattr(spec, "spec_input_type", None)
+        return spec is not None and getattr(kind, "name", None) == self.kind.spec_input_type
+
+    def verify_input(self, batch: ServerBatch):
+        """The verify input SGLang receives for a live batch: the port's own object when this backend
+        takes its type, else the backend's kind built from the batch (the port's mask in it)."""
+        if self.takes(batch.spec_info):
+            return batch.spec_info
+        return self.kind.build(self.api, batch, batch.custom_mask, batch.extend_lens[0], batch.topk)
+
+    def _served(self, spec, batch: ServerBatch, graph: bool) -> None:
+        self.last_served = ServedVerify(_label(spec), spec is batch.spec_info and spec is not None,
+                                        int(self.attn.forward_metadata.max_extend_len), graph)
 
     @contextmanager
     def _running(self, forward_batch, out_cache_loc: torch.Tensor) -> Iterator[AttnMetadata]:
@@ -100,6 +136,8 @@ class ServingSession:
         fb = self._forward_batch(batch)
         with torch.no_grad(), self.api.forward_context(self.api.ForwardContext(attn_backend=self.attn)):
             self.attn.init_forward_metadata(fb)
+            if batch.mode == "target-verify":
+                self._served(fb.spec_info, batch, graph=False)
             with self._running(fb, batch.out_cache_loc) as meta:
                 yield meta
 
@@ -146,11 +184,12 @@ class ServingSession:
         eagerly inside on those same buffers)."""
         bucket = static.batch_size
         self._sync_req_to_token()
-        spec = self.kind.build(self.api, live, live.custom_mask, live.extend_lens[0], live.topk)
+        spec = self.verify_input(live)
         view = self._forward_batch(static, spec)
         with torch.no_grad(), self.api.forward_context(self.api.ForwardContext(attn_backend=self.attn)):
             self.attn.init_forward_metadata_out_graph(view)
             self.attn.init_forward_metadata_in_graph(view)
             self.attn.forward_metadata = self._captured[bucket]   # "metadata view is reused from capture"
+            self._served(spec, live, graph=True)
             with self._running(self._graph_batches[bucket], static.out_cache_loc) as meta:
                 yield meta

@@ -6,7 +6,7 @@ workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -60,6 +60,8 @@ class VerifyBatch:
     req_pool_indices: torch.Tensor  # [bs] row of req_to_token
     attn: AttnMetadata
     q_len: int
+    spec_info: Any = None        # a port's own verify input object (its worker built it), handed to a serving
+                                 # backend's SGLang as is; None: the backend builds its own from the fields above
 
     def to(self, device: str) -> "VerifyBatch":
         return replace(self, input_ids=self.input_ids.to(device), positions=self.positions.to(device),

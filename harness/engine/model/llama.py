@@ -98,10 +98,11 @@ class LlamaModel:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata,
                 pool: KVPool, backend: AttentionBackend,
-                hidden_out: list[torch.Tensor] | None = None) -> torch.Tensor:
+                hidden_out: list[torch.Tensor] | None = None, logit_rows: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions  # [T]; returns logits  # [T, vocab] float32.
         If `hidden_out` is a list, the residual stream after the embedding and
-        after each layer is appended to it ([T, hidden] each)."""
+        after each layer is appended to it ([T, hidden] each). With
+        `logit_rows`  # [R] int64, only those positions' logits: [R, vocab] (R may be 0: K/V only)."""
         cfg, w = self.cfg, self.w
         h = w["model.embed_tokens.weight"][input_ids]  # [T, hidden]
         if cfg.embed_scale != 1.0:   # Gemma: a Python float, as SGLang's scaled embedding multiplies
@@ -128,6 +129,8 @@ class LlamaModel:
                 h = h + mlp(self, self._norm(h, p + "post_attention_layernorm.weight"), positions, meta)
             if hidden_out is not None:
                 hidden_out.append(h.float().clone())
+        if logit_rows is not None:   # the final norm and the head are per position: the other rows are never read
+            h = h[logit_rows]   # [R, hidden]
         h = self._norm(h, "model.norm.weight")
         head = w["model.embed_tokens.weight"] if cfg.tie_word_embeddings else w["lm_head.weight"]
         logits = (h @ head.T).float()   # [T, vocab]

@@ -16,7 +16,14 @@ state it reads:
 - `tree_verify`: a batch double (requests that never finish, no sampling
   info, no grammar, slots 0.. of an allocator that records frees) and logits
   that are one-hot at the target's argmax; its module's
-  `assign_req_to_token_pool_func` (SGLang's Triton kernel) is a CPU twin.
+  `assign_req_to_token_pool_func` (SGLang's Triton kernel) is a CPU twin; off
+  CUDA its `verify_tree_greedy_func` (which SGLang 0.5.23 has no path for
+  there) is SGLang's own `verify_tree_greedy_triton` under the Triton
+  interpreter (harness/ports/tree_verify_run.py). The commit it makes on the
+  double (req_to_token, frees, seq_lens) is audited every step.
+
+The worker's verify input object is what the serving backends hand SGLang's
+TritonAttnBackend (CompiledVerify.native["verify_input"]).
 
 The worker builds and compiles in one method: its compile runs only on trees
 its own build chose (`--port-stages compile` without build is a usage error).
@@ -38,7 +45,11 @@ import torch
 from harness.ports.port_files import load_port_files, sibling_imports
 from harness.ports.protocol import BuiltTrees, CompiledVerify, Conventions, PortError, PortMask
 from harness.ports.registry import Family
+from harness.ports.tree_verify_run import (audit_tree_verify_commit, greedy_verify_on_interpreter,
+                                             on_cuda)
 from harness.ports.worker_lineage import WorkerLineage, checkout_commit
+from harness.engine.attn.base import BackendUnavailable
+from harness.engine.attn.sglang_triton import prepare_interpreter
 from harness.engine.ddtree.accept import Acceptance
 from harness.engine.ddtree.tree import DraftTree
 
@@ -189,6 +200,10 @@ class DFlashWorkerTree:
         if isinstance(found, str):
             raise PortError(f"{worker_file}: dflash-worker-tree does not fit: {found} (see docs/ADAPTERS.md)")
         self.cls_name, self.method_name, _ = found
+        try:   # off CUDA, before the port's imports reach triton: SGLang's greedy kernel in tree_verify
+            prepare_interpreter()
+        except BackendUnavailable:
+            pass   # triton came first: tree_verify's greedy kernel says so when it runs
         self.files = load_port_files(worker_file, LINEAGE)
         self.path, self.stubbed = worker_file, self.files.stubbed
         self.worker_mod = self.files[worker_file.stem].module
@@ -206,6 +221,7 @@ class DFlashWorkerTree:
                                      tuple(str(m.path.name) for _, m in self.files.modules))
         self._inputs: dict[tuple, tuple[torch.Tensor, int]] = {}   # tree -> (draft log-probs [L, V], root)
         self._prefix: dict[tuple, int] = {}                          # tree -> the prefix it was compiled at
+        self.findings: list = []   # the audit of the commit inside tree_verify, drained by the stages
 
     def _verify_input_class(self, worker_file: Path):
         """The verify input class the worker imports from its sibling, and that sibling's module."""
@@ -285,13 +301,29 @@ class DFlashWorkerTree:
         logits = SimpleNamespace(
             next_token_logits=torch.nn.functional.one_hot(target_argmax.reshape(-1).long(), vocab).float(),
             hidden_states=torch.zeros(bs * q, 1))                               # [bs*q, V], [bs*q, 1]
-        with self.lineage.recording(), _double(self.info_mod, "assign_req_to_token_pool_func", _assign_req_to_token):
+        greedy = {} if on_cuda() else {"verify_tree_greedy_func": greedy_verify_on_interpreter}
+        with self.lineage.recording(), _doubles(self.info_mod, assign_req_to_token_pool_func=_assign_req_to_token,
+                                                **greedy):
             bonus, commit_lens = vi.tree_verify(batch=batch, logits_output=logits, page_size=1)[:2]
         kept, out, off = batch.out_cache_loc.tolist(), [], 0
         for b, n in enumerate(int(n) for n in commit_lens):
             out.append(Acceptance(tuple(int(s) - b * q for s in kept[off:off + n]), int(bonus[b])))
             off += n
+        self.findings += audit_tree_verify_commit(0, batch.req_to_token_pool.req_to_token, prefix,
+                                                  batch.seq_lens, q, out, batch.token_to_kv_pool_allocator.freed)
         return out
+
+
+@contextmanager
+def _doubles(module, **values):
+    """Several module globals doubled at once (see _double)."""
+    if not values:
+        yield
+        return
+    name, value = next(iter(values.items()))
+    rest = {k: v for k, v in values.items() if k != name}
+    with _double(module, name, value), _doubles(module, **rest):
+        yield
 
 
 def _verify_batch(bs: int, q: int, prefix: list[int]) -> SimpleNamespace:
@@ -301,7 +333,7 @@ def _verify_batch(bs: int, q: int, prefix: list[int]) -> SimpleNamespace:
         device="cpu", reqs=[_Req() for _ in range(bs)], model_config=SimpleNamespace(think_end_id=None),
         token_to_kv_pool_allocator=SimpleNamespace(free=lambda slots: freed.extend(slots.tolist()), freed=freed),
         out_cache_loc=torch.arange(bs * q), req_pool_indices=torch.arange(bs),
-        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(bs, max(prefix) + q + 1, dtype=torch.long)),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.full((bs, max(prefix) + q + 1), -1, dtype=torch.long)),
         seq_lens=torch.tensor(prefix, dtype=torch.int64), seq_lens_cpu=torch.tensor(prefix, dtype=torch.int64),
         seq_lens_sum=sum(prefix))
 
