@@ -70,11 +70,11 @@ def test_an_unprepared_tree_is_judged_on_its_own_all_the_same():
 def test_greedy_reads_the_positions_the_judged_trees_decided():
     oracle = oracle_for(CFG)
     want, _ = DenseOracle(CFG, weights()).greedy(PREFIX, 6)
-    prefix = list(PREFIX[:-1])
-    tokens = [PREFIX[-1], want[0], want[1], 7]               # the greedy path, a wrong sibling last
-    oracle.tree_logits(prefix, tokens, [-1, 0, 1, 1])
+    # the engine's first step: the prompt is the prefix, its first token (from prefill) the root
+    tokens = [want[0], want[1], 7]                           # the greedy path, a wrong sibling last
+    oracle.tree_logits(PREFIX, tokens, [-1, 0, 0])
     got, gaps = oracle.greedy(PREFIX, 6)
-    assert got == want and oracle.judged_walks.hits == 3     # the root, want[0] and want[1]'s positions
+    assert got == want and oracle.judged_walks.hits == 3     # after the prompt (its last row), want[0], want[1]
     fresh = DenseOracle(CFG, weights()).greedy(PREFIX, 6)[1]
     assert gaps == pytest.approx(fresh, rel=1e-9)
 
