@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from reference.accept import greedy_acceptance
-from reference.packed import PackedTree
+from reference.packed import PackedTree, forward_many
 from reference.prefix_cache import CausalPrefix, PrefixCache
 
 TreeKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -36,14 +36,14 @@ def tree_key(prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int
 def judge_packed(model, prefixes: PrefixCache, trees: Sequence[TreeKey],
                  memo: "GreedyMemo | None" = None) -> list[Tensor]:
     """Each tree's node logits [n, V] float64 on CPU, all trees in ONE forward
-    (DenseLlama.forward_many) behind their longest cached prefixes; the
+    (reference/packed.py forward_many) behind their longest cached prefixes; the
     committed tokens a cache entry lacks ride in the same pass and extend it,
     and `memo` keeps the greedy choice after the last of them."""
     prefixes.capacity = max(prefixes.capacity, 2 * len(trees))   # a step's prefixes all stay cached
     bases = [prefixes.longest(prefix) for prefix, _, _ in trees]
     packs = [PackedTree(prefix[len(base.tokens):], tokens, parents, base.past)
              for (prefix, tokens, parents), base in zip(trees, bases)]
-    results = model.forward_many(packs)
+    results = forward_many(model, packs)
     for pack, base, result in zip(packs, bases, results):
         if pack.more:
             prefixes.put(_extended(base, pack.more, result))

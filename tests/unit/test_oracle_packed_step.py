@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import reference.judged as judged
 from reference.model import DenseLlama
 from reference.oracle import DenseOracle, root_path
 from reference.packed import packed_visibility
@@ -40,18 +41,17 @@ def test_packed_visibility_shows_each_row_its_own_path():
 
 
 @pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["gqa", "window-sinks"])
-def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg):
+def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
     oracle = oracle_for(cfg)
     oracle.tree_logits(PREFIX[:6], [3], [-1])               # a cached prefix the step extends
     passes = []
-    forward_many = DenseLlama.forward_many
-    DenseLlama.forward_many = lambda self, packs: passes.append(len(packs)) or forward_many(self, packs)
-    try:
-        oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
-        got = [oracle.tree_logits(*t) for t in STEP]
-        rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
-    finally:
-        DenseLlama.forward_many = forward_many
+    forward_many = judged.forward_many
+    monkeypatch.setattr(judged, "forward_many",
+                        lambda model, packs: passes.append(len(packs)) or forward_many(model, packs))
+    oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
+    got = [oracle.tree_logits(*t) for t in STEP]
+    rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
+    monkeypatch.undo()
     assert passes == [3, 3]                                  # one pass per model for the whole step
     low = oracle.model.rounded(torch.bfloat16)
     for (prefix, tokens, parents), g, r in zip(STEP, got, rounded):
