@@ -80,7 +80,7 @@ def died(number: int, dump: str, argv: list[str]):
     sys.exit(EXITS[crash.side])
 
 
-# harness/check/localize/stage_swap.py REPLACE_STAGE_ENV (this parent imports nothing heavy)
+# harness/engine/attn/exact.py REPLACE_STAGE_ENV (this parent imports nothing heavy)
 REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"
 _OUTPUTS = ("--out", "--html")
 

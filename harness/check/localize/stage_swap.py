@@ -32,22 +32,11 @@ from typing import Callable
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
-from harness.check.localize.replace import ExactAttention
+from harness.engine.attn.exact import REPLACE_STAGE_ENV, ArmedAttention, ExactAttention, with_replaced_attention  # noqa: F401
 from harness.engine.attn.base import serving_of
 from harness.engine.attn.torch_backend import TorchBackend
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch, prefill_metadata
-
-
-# a rerun, in a fresh process, of a run a kernel killed: its attention replaced by the float64 one from the
-# start (set by harness/cli/watchdog.py, read by harness/check/prepare.py); a killed process reruns nothing itself
-REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"
-
-
-def with_replaced_attention(pipeline):
-    """The pipeline with its attention computed in float64 from the start (the crash rung, in a new process)."""
-    inner = pipeline.attention
-    return replace(pipeline, attention=lambda b: ArmedAttention(inner(b) if inner is not None else b, armed=True))
 
 
 @dataclass(frozen=True)
@@ -272,17 +261,6 @@ def _at_step(engine, step: int, build: Callable) -> None:
 
 
 # -- attention -----------------------------------------------------------------------------------------------------
-
-class ArmedAttention(ExactAttention):
-    """The backend as it is until armed, then its attention in float64."""
-
-    def __init__(self, inner, armed: bool = False) -> None:
-        super().__init__(inner)
-        self.armed = armed
-
-    def forward(self, *args, **kwargs) -> torch.Tensor:
-        return super().forward(*args, **kwargs) if self.armed else self.inner.forward(*args, **kwargs)
-
 
 def _exact_attention_throughout(q, step: int):
     def install(engine) -> None:
