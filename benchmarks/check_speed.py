@@ -265,7 +265,8 @@ def verdict_reason(r: dict) -> str:
         return ""
     failed = r.get("failed_checks")
     if failed is None:   # a summary written before failed_checks
-        failed = [f"{k.replace('_', ' ')} {r[k]}" for k in WHY_KEYS[2:12] if isinstance(r.get(k), int) and r[k]]
+        counts = [k for k in WHY_KEYS[2:12] if k != "reference_near_ties"]   # near ties fail nothing
+        failed = [f"{k.replace('_', ' ')} {r[k]}" for k in counts if isinstance(r.get(k), int) and r[k]]
         failed += [k.replace("_", " ") for k in ("drift_exceeded", "excess_exceeded") if r.get(k)]
     first = r.get("first") or {}
     where = f"; first: {first.get('what')}" + (f" ({first['detail']})" if first.get("detail") else "") if first else ""
