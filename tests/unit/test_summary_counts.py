@@ -54,3 +54,12 @@ def test_a_diverge_with_no_divergent_node_names_its_check(fields, named):
 def test_a_pass_names_no_failed_check():
     s = CheckSummary(setting="x", nodes_checked=10, audit_warnings=1)   # warnings fail only under --strict
     assert summary_record(RunSettings(budget=4, backend="torch"), s)["failed_checks"] == [] and s.passed
+
+
+def test_the_terminal_table_names_the_failed_check_when_no_node_diverged(tmp_path):
+    from rich.console import Console
+    from harness.cli.summary_table import print_summary
+    console = Console(record=True, width=200)
+    print_summary(console, CheckSummary(setting="x", nodes_checked=10, tree_mismatches=1, tolerance=1e-2), tmp_path / "r.jsonl")
+    text = console.export_text()
+    assert "failed checks" in text and "tree mismatches 1" in text and "DIVERGE" in text
