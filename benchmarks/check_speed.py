@@ -119,11 +119,13 @@ def components(s: RunSettings, steps: int, on_step=lambda partial: None) -> dict
         if done:   # step 0 is the warm-up
             for k, v in step_t.items():
                 t[k] = t.get(k, 0.0) + v
+        else:
+            warmup = {k: round(v, 4) for k, v in step_t.items()}
         done += 1
         print(f"step {done - 1}: " + ", ".join(f"{k} {v:.3f} s" for k, v in step_t.items()), file=sys.stderr,
               flush=True)
         out = {k: round(v / max(done - 1, 1), 4) for k, v in t.items()}
-        out.update(steps_after_warmup=done - 1, twin_max_abs_diff=twin_err)
+        out.update(steps_after_warmup=done - 1, twin_max_abs_diff=twin_err, warmup_step0_s=warmup)
         on_step(out)
         if done > steps:
             break

@@ -35,7 +35,7 @@ EXTRA_SETTINGS = {
     "sglang-batch": [["--budget", "8", "--topk", "2", "--backend", "sglang-triton", "--batch", "2"]],
     "bf16": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "2", "--dtype", "bfloat16"]],
     "bf16-long": [["--budget", "8", "--topk", "1", "--backend", "torch", "--dtype", "bfloat16",
-                   "--model", "small", "--prompt-len", "1500"]],
+                   "--prompt-len", "600"]],   # the default gate's bf16-long setting
     "torch-batch4": [["--budget", "8", "--topk", "2", "--backend", "torch", "--batch", "4"]],
 }
 
@@ -59,6 +59,8 @@ def run_targeted(tree: Path, m: dict) -> dict:
         row["seconds"] += r.seconds
         row.update(exit=r.exit, setting=" ".join(args), stage=s.get("stage"), quantity=s.get("quantity"),
                    explanation=s.get("explanation"), crash=r.exit != 1 and r.exit != 0 or first.get("what") == "crash",
+                   replacements=[{k: x.get(k) for k in ("stage", "error_before", "error_after", "correct")}
+                                 for x in s.get("replacements") or []],
                    stderr=r.stderr_tail if r.exit not in (0, 1) else "")
         row["diverged"] = r.exit == 1 and first.get("what") != "crash"
         if r.exit != 0:

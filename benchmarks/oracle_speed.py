@@ -94,7 +94,8 @@ def parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s | verdict |"
+    head = ("| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s "
+            "| verdict |")
     lines = [head, "|" + " --- |" * 10]
     for r in rows:
         lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
@@ -118,7 +119,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/oracle-speed-cpu.json"))
     a = ap.parse_args()
     settings, modes = parse_settings(a.settings), a.modes.split(",")
-    torch.set_num_threads(1)   # the engine's threads as the CLI sets them; the check gives a checkpoint's oracle every core
+    torch.set_num_threads(1)   # the engine's threads as the CLI sets them (the check gives a checkpoint's oracle
+    #                            every core)
     if not set(modes) <= {"before", "after"}:
         print("--modes takes before and/or after", file=sys.stderr)
         sys.exit(2)

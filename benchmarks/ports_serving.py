@@ -4,7 +4,7 @@ handed to SGLang's TritonAttnBackend by a serving backend, at batch 1 and 2, top
 and 2, graphs off and on.
 
     python benchmarks/ports_serving.py --port LABEL FAMILY:PATH BACKEND [--port ...] [--device cpu]
-        [--out benchmarks/results/ports-serving-cpu.json]
+        [--out benchmarks/results/ports-serving-cpu.json] [--append]
 
 PATH is a checkout (or the port's file) at the commit LABEL names, made outside this
 repository (e.g. `git worktree add` of a fetched mirror); BACKEND is sglang-serving
@@ -64,8 +64,10 @@ def main() -> None:
     ap.add_argument("--port", nargs=3, action="append", metavar=("LABEL", "FAMILY:PATH", "BACKEND"), required=True)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ports-serving-cpu.json"))
+    ap.add_argument("--append", action="store_true", help="add to the ports already in --out")
     args = ap.parse_args()
-    results = []
+    out = Path(args.out)
+    results = json.loads(out.read_text())["ports"] if args.append and out.exists() else []
     for label, impl, backend in args.port:
         path = impl.split(":", 1)[1]
         rows = [one(impl, path, backend, *s, args.device) for s in SETTINGS]

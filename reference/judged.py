@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from reference.accept import greedy_acceptance
-from reference.packed import PackedTree
+from reference.packed import PackedTree, forward_many
 from reference.prefix_cache import CausalPrefix, PrefixCache
 
 TreeKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
@@ -33,18 +33,22 @@ def tree_key(prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int
     return tuple(int(t) for t in prefix), tuple(int(t) for t in tokens), tuple(int(p) for p in parents)
 
 
-def judge_packed(model, prefixes: PrefixCache, trees: Sequence[TreeKey]) -> list[Tensor]:
+def judge_packed(model, prefixes: PrefixCache, trees: Sequence[TreeKey],
+                 memo: "GreedyMemo | None" = None) -> list[Tensor]:
     """Each tree's node logits [n, V] float64 on CPU, all trees in ONE forward
-    (DenseLlama.forward_many) behind their longest cached prefixes; the
-    committed tokens a cache entry lacks ride in the same pass and extend it."""
+    (reference/packed.py forward_many) behind their longest cached prefixes; the
+    committed tokens a cache entry lacks ride in the same pass and extend it,
+    and `memo` keeps the greedy choice after the last of them."""
     prefixes.capacity = max(prefixes.capacity, 2 * len(trees))   # a step's prefixes all stay cached
     bases = [prefixes.longest(prefix) for prefix, _, _ in trees]
     packs = [PackedTree(prefix[len(base.tokens):], tokens, parents, base.past)
              for (prefix, tokens, parents), base in zip(trees, bases)]
-    results = model.forward_many(packs)
+    results = forward_many(model, packs)
     for pack, base, result in zip(packs, bases, results):
         if pack.more:
             prefixes.put(_extended(base, pack.more, result))
+            if memo is not None:
+                memo.note_next(base.tokens + pack.more, result.last_commit.cpu())
     return [r.logits.cpu() for r in results]
 
 
@@ -85,8 +89,16 @@ class GreedyMemo:
         for j, row in enumerate(walk.rows):
             sequence += (int(tokens[row]),)
             nxt = int(tokens[walk.rows[j + 1]]) if j + 1 < len(walk.rows) else walk.bonus
-            self._next[sequence] = (nxt, walk.gaps[j])
-            self._next.move_to_end(sequence)
+            self._keep(sequence, (nxt, walk.gaps[j]))
+
+    def note_next(self, sequence: Sequence[int], logits: Tensor) -> None:
+        """Keep the greedy choice after `sequence` from its last position's logits [V] float64."""
+        walk = greedy_acceptance([0], [-1], logits[None, :])   # a one-node walk: the argmax and its gap
+        self._keep(tuple(int(t) for t in sequence), (walk.bonus, walk.gaps[0]))
+
+    def _keep(self, sequence: tuple[int, ...], choice: tuple[int, float]) -> None:
+        self._next[sequence] = choice
+        self._next.move_to_end(sequence)
         while len(self._next) > self.capacity:
             self._next.popitem(last=False)
 

@@ -326,14 +326,6 @@ class DenseLlama:
             vs += v
         return ForwardResult(self.head(h[-1:] if last_logits_only else h), hiddens, ks, vs)
 
-    def forward_many(self, trees) -> list[ForwardResult]:
-        """Several requests' verify trees in one pass over the weights, each
-        behind its own cached past, every node's row seeing exactly its own
-        path (reference/packed.py: PackedTree in, per tree its nodes' logits
-        [n, V] and its rows' ks, vs out)."""
-        from reference.packed import forward_many   # packed.py builds on this module
-        return forward_many(self, trees)
-
     def segment(self, token_ids: list[int], positions: list[int] | None = None, visible: Tensor | None = None,
                 past: tuple[list[Tensor], list[Tensor]] | None = None) -> "Segment":
         """One sequence's frame for `decoder_layer` (forward's arguments, checked)."""

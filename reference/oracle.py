@@ -157,7 +157,8 @@ class DenseOracle:
         models = [(None, (self.model, self.prefixes))]
         models += [((d, bool(pr)), self._rounded(d, pr)) for d, pr in dict.fromkeys(rounded)]
         for which, (model, prefixes) in models:
-            answers.update({(which, k): lg for k, lg in zip(keys, judge_packed(model, prefixes, keys))})
+            memo = self._greedy_memo() if which is None else None
+            answers.update({(which, k): lg for k, lg in zip(keys, judge_packed(model, prefixes, keys, memo))})
         self._step_answers().replace(answers)
 
     def _answer(self, which, model, prefixes: PrefixCache, prefix, tokens, parents) -> Tensor:
@@ -182,7 +183,8 @@ class DenseOracle:
             validate_tree(tokens, parents)
             if len(prefix) == 0:
                 raise ValueError("tree_logits needs a non-empty prefix")
-            return judge_packed(model, prefixes, [tree_key(prefix, tokens, parents)])[0]
+            memo = self._greedy_memo() if model is self.model else None
+            return judge_packed(model, prefixes, [tree_key(prefix, tokens, parents)], memo)[0]
         return _tree_logits(model, prefixes, prefix, tokens, parents)
 
     def rounded_tree_logits(self, prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int],

@@ -24,12 +24,12 @@ a result can differ from the per-node forward in the last bits of a sum
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
-from reference.model import ForwardResult, Segment, window_visibility
+from reference.model import Segment, window_visibility
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,21 @@ class PackedTree:
     @property
     def length(self) -> int:
         return len(self.more) + len(self.tokens)
+
+
+class PackedResult(NamedTuple):
+    """One request's share of a packed forward.
+
+    logits:      [n, V] float64, its nodes' rows
+    last_commit: [V] float64, the logits of the last `more` row (the greedy
+                 choice after the committed prefix), None without `more` rows
+    ks, vs:      per layer [m + n, kv_heads, d] (K after RoPE); the first m extend its cached prefix
+    """
+
+    logits: Tensor
+    last_commit: Tensor | None
+    ks: list[Tensor]
+    vs: list[Tensor]
 
 
 def depths(parents: Sequence[int]) -> list[int]:
@@ -88,11 +103,10 @@ def packed_segment(model, tree: PackedTree) -> Segment:
     return Segment(ids, t, mask.to(model.device), windowed, model._rope_tables(pos))
 
 
-def forward_many(model, trees: Sequence[PackedTree]) -> list[ForwardResult]:
-    """Every request's packed rows through the model in one pass. Per tree:
-    logits [n, V] of its nodes only (the `more` rows get none), ks/vs per
-    layer [m + n, kv_heads, d] (the first m extend its cached prefix);
-    hiddens are not kept (empty lists)."""
+def forward_many(model, trees: Sequence[PackedTree]) -> list[PackedResult]:
+    """Every request's packed rows through the model in one pass: per tree
+    its nodes' logits and the last `more` row's (no other `more` row gets
+    logits), and its rows' K/V (PackedResult)."""
     if not trees:
         return []
     segs = [packed_segment(model, tr) for tr in trees]
@@ -107,6 +121,9 @@ def forward_many(model, trees: Sequence[PackedTree]) -> list[ForwardResult]:
             ks[i].append(k[i])
             vs[i].append(v[i])
     ends = torch.tensor([s.length for s in segs]).cumsum(0).tolist()  # [S] each segment's end row
-    node_rows = torch.cat([torch.arange(e - len(tr.tokens), e) for tr, e in zip(trees, ends)]).to(h.device)
-    logits = model.head(h[node_rows]).split([len(tr.tokens) for tr in trees])  # each [n, V]
-    return [ForwardResult(lg, [], ks[i], vs[i]) for i, lg in enumerate(logits)]
+    # per tree: the last `more` row (if any), then its node rows
+    counts = [len(tr.tokens) + bool(tr.more) for tr in trees]
+    rows = torch.cat([torch.arange(e - c, e) for c, e in zip(counts, ends)]).to(h.device)  # [sum(counts)]
+    logits = model.head(h[rows]).split(counts)  # each [(1 +) n, V]
+    return [PackedResult(lg[1:] if tr.more else lg, lg[0] if tr.more else None, ks[i], vs[i])
+            for i, (tr, lg) in enumerate(zip(trees, logits))]

@@ -571,9 +571,57 @@ def _drift_by_replacement(p: Prepared, summary: CheckSummary) -> None:
         return
     if r is None:
         return
+    summary.replacements.append({"stage": "attention", "replaced_by": "a float64 softmax of the same inputs",
+                                 "step": None, "error_before": r.drift_before / r.limit,
+                                 "error_after": None if r.drift_after is None else r.drift_after / r.limit,
+                                 "correct": r.cause, "note": "the run's drift over its limit",
+                                 "sentence": r.sentence()})
     summary.explanation = f"{summary.explanation}; {r.sentence()}"
     if r.cause:
         summary.fault_class, summary.stage, summary.quantity = "attention-arithmetic", "attention", "attention_output"
+
+
+def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
+    """The first divergent (or crashed) step rerun with one stage's output replaced at a time
+    (harness/check/localize/stage_swap.py): what each replacement did joins the summary; the stage whose
+    replacement made the step correct is named where the audits named none (a crash: where its file named it)."""
+    from harness.check.localize.stage_swap import proven, prove_crash, prove_divergent_step
+    first = summary.first
+    try:
+        if crash:
+            c = summary.crash or {}
+            if c.get("side") != "engine":
+                return
+            step = 0 if c.get("step") is None else c["step"] + (0 if c.get("in_step") else 1)
+            found = prove_crash(p, step)
+        else:
+            found = prove_divergent_step(p, first.step)
+    except Exception as e:  # noqa: BLE001  (the verdict and the audits' story stand without it)
+        summary.notes.append(f"stage replacement failed: {attribute(e).sentence()}")
+        return
+    summary.replacements += [r.to_record() for r in found]
+    if not found:
+        return
+    cause = proven(found)
+    tried = ", ".join(r.stage for r in found)
+    if cause is None:
+        summary.explanation = _with_proof(summary.explanation, f"by replacement at step {found[0].step}: no "
+                                          f"replaced stage ({tried}) made the step correct")
+        return
+    summary.explanation = _with_proof(summary.explanation, f"proven by replacement (tried {tried}): "
+                                                           f"{cause.sentence()}")
+    if crash and summary.quantity in (None, "crash"):
+        summary.stage, summary.quantity = cause.stage, "crash"
+    elif summary.stage is None:   # no audit measured a wrong quantity: the proof names the stage
+        summary.stage, summary.quantity = cause.stage, "replacement"
+
+
+def _with_proof(explanation: str | None, proof: str) -> str:
+    """The replacement's sentence before the closing "Catalog class: ..." (which stays last)."""
+    head, sep, tail = (explanation or "").rpartition(" Catalog class: ")
+    if not sep:
+        return f"{explanation}; {proof}" if explanation else proof
+    return f"{head} Proof: {proof}.{sep}{tail}"
 
 
 def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
@@ -593,6 +641,7 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
             summary.stage, summary.quantity = "tree build", "tree"
         else:
             _crashed_inputs(p, summary)
+            _prove(p, summary, crash=True)
         return
     try:
         # an excess names its largest node; the localizer probes it as it probes a divergent node
@@ -613,6 +662,8 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
     writer.write({**asdict(loc), "setting": summary.setting})
     summary.fault_class, summary.explanation = loc.fault_class, loc.explanation
     summary.stage, summary.quantity = loc.stage, loc.quantity
+    if first.what in ("node", "padding", "excess"):
+        _prove(p, summary, crash=False)
     if first.what == "accept-ref" and loc.fault_class == "unknown":  # what was measured beats "unknown"
         summary.fault_class, summary.explanation = "accept-ref", first.detail
         summary.stage, summary.quantity = summary.stage or "accept", summary.quantity or "accepted_rows"

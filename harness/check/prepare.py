@@ -7,12 +7,14 @@ same weights and oracle.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
 from ddschema import ModelConfig
 from harness.engine.attn import BackendUnavailable, make_backend
+from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
 from harness.verdict.noise_floor import NoiseFloorRule, planned_nodes, verdict_rule
 from harness.verdict.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
@@ -166,6 +168,8 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     check_capturable(s, backend)
     if pipeline is None:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
+        if os.environ.get(REPLACE_STAGE_ENV) == "attention":   # the watchdog's proof of a killed run's stage
+            pipeline = with_replaced_attention(pipeline)
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s, loaded.tokenizer))
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
     for spec, toks in zip(specs, ids):

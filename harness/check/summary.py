@@ -96,6 +96,9 @@ class CheckSummary:
     key_tiles: int | None = None            # prefix key tiles the backend's kernel walks at the longest prefix
     streams: list = field(default_factory=list)  # per request, decoded by the tokenizer: request, prompt, verdict,
     #                                              prompt_text, engine_text, reference_text (empty without one)
+    replacements: list = field(default_factory=list)  # the first divergent step rerun with one stage's output
+    #                                      replaced (localize/stage_swap.py): stage, replaced_by, step, error_before,
+    #                                      error_after (x its bound; None: crashed), correct
     crash: dict | None = None               # an exception met during the check: side, where, error, step
     error: str | None = None                # its last line (the crash's `error`)
 

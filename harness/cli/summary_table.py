@@ -97,6 +97,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
                                   + (f"; first: {summary.first_finding}" if summary.first_finding else "")))
     if summary.explanation:
         t.add_row("localized", f"[bold]{escape(str(summary.fault_class))}[/]: {escape(summary.explanation)}")
+    for r in summary.replacements:   # the first divergent step with one stage's output replaced
+        t.add_row("replaced", escape(r["sentence"]))
     for note in summary.notes:
         t.add_row("note", escape(note))
     if summary.crash:

@@ -266,7 +266,7 @@ def plan_case(case: Path, matrix_flags: dict, run_flags: dict, device: str, faul
     on = pick_case_device(device)
     c = load_case(case)
     settings = [(replace(s, device=on), label) for s, label in c.labelled_settings()]
-    return _jobs(settings, c.prompts, c.name, fault)
+    return _jobs(settings, c.prompts_of, c.name, fault)
 
 
 def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | None) -> list[SettingJob]:
@@ -279,11 +279,12 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     base = RunSettings(**run_flags, device=pick_device(device))
     full = {k: axes.get(k, AXIS_DEFAULTS[k]) for k in AXIS_DEFAULTS}
     settings = [(s, "flags") for s in Matrix("flags", full, None, run_flags["accept"]).settings(base)]
-    return _jobs(settings, None, "sweep", fault)   # each run's own prompts: text when the model has a tokenizer
+    return _jobs(settings, lambda s: None, "sweep", fault)   # the runs' own prompts: text for a tokenizer's model
 
 
-def _jobs(settings: list[tuple[RunSettings, str]], prompts, case_name: str, fault: str | None) -> list[SettingJob]:
-    """Jobs in order; with `fault`, only the settings where it can show, each with it switched on."""
+def _jobs(settings: list[tuple[RunSettings, str]], prompts_of, case_name: str, fault: str | None) -> list[SettingJob]:
+    """Jobs in order, each with `prompts_of(setting)` (None: the run's own); with `fault`, only the settings
+    where it can show, each with it switched on."""
     if fault:
         from harness.workflows.cases import model_vocab
         from harness.faults import why_cannot_show
@@ -292,7 +293,7 @@ def _jobs(settings: list[tuple[RunSettings, str]], prompts, case_name: str, faul
         if not shown:
             raise UsageError(why_cannot_show(fault, settings[0][0], vocab))
         settings = shown
-    return [SettingJob(i, s, prompts, case_name, label) for i, (s, label) in enumerate(settings)]
+    return [SettingJob(i, s, prompts_of(s), case_name, label) for i, (s, label) in enumerate(settings)]
 
 
 def pick_case_device(device: str) -> str:

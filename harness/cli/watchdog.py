@@ -70,11 +70,62 @@ def died(number: int, dump: str, argv: list[str]):
     crash = Crash(side or "ddcheck", where or raised_at, raised_at,
                   f"the process died by {signal_name(number)}", None, dump)
     path = out_path(argv)
-    written = path is not None and write_records(path, records(crash, "ddcheck " + " ".join(argv), "running"))
+    rows = records(crash, "ddcheck " + " ".join(argv), "running")
+    if path is not None and crash.side == "engine":
+        add_proof(rows[-1], replaced_rerun(argv))
+    written = path is not None and write_records(path, rows)
     shown = f" (records: {path})" if written else ""
     who = "ddcheck itself (an internal error)" if crash.side == "ddcheck" else crash.who
     print(f"ddcheck: {who}: {crash.error} at {crash.where}{shown}", file=sys.stderr)
     sys.exit(EXITS[crash.side])
+
+
+# harness/engine/attn/exact.py REPLACE_STAGE_ENV (this parent imports nothing heavy)
+REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"
+_OUTPUTS = ("--out", "--html")
+
+
+def replaced_rerun(argv: list[str]) -> dict | None:
+    """A `run` a kernel killed, run again in a new process with its attention replaced by a float64 softmax
+    from the start (the crash rung of harness/check/localize/stage_swap.py; nothing else changed): its
+    summary, or None (another command, already a rerun, or it left no summary)."""
+    if argv[:1] != ["run"] or os.environ.get(REPLACE_STAGE_ENV):
+        return None
+    kept, skip = [], False
+    for a in argv:   # its outputs go elsewhere: the killed run's records are the ones written
+        if skip or a in _OUTPUTS:
+            skip = not skip and a in _OUTPUTS
+            continue
+        if not a.startswith(tuple(o + "=" for o in _OUTPUTS)):
+            kept.append(a)
+    with tempfile.TemporaryDirectory(prefix="ddcheck-replaced-") as d:
+        out = Path(d) / "replaced.jsonl"
+        subprocess.call([sys.executable, "-m", "harness", *kept, "--out", str(out)],
+                        env={**os.environ, REPLACE_STAGE_ENV: "attention"}, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+        import json
+        rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
+    return next((r for r in reversed(rows) if r.get("kind") == "summary"), None)
+
+
+def add_proof(summary: dict, rerun: dict | None) -> None:
+    """The killed run's summary with the rerun's outcome as its replacement: when the run with the float64
+    attention ends without a crash and matches the oracle, the attention kernel is proven the stage."""
+    if rerun is None:
+        return
+    correct = bool(rerun.get("passed"))
+    bound = rerun.get("max_noise_ratio") or ((rerun.get("max_rel_err") or 0.0) / (rerun.get("tolerance") or 1.0))
+    after = None if rerun.get("crash") else bound
+    said = ("correct: the cause" if correct else
+            "still " + ("crashed" if rerun.get("crash") else "diverging") + f" ({rerun.get('verdict')})")
+    sentence = (f"attention replaced by a float64 softmax of the same inputs, from the start, in a new process: "
+                f"the run crashed -> {'crashed' if after is None else f'error {after:.3g}x its bound'} ({said})")
+    summary["replacements"] = [{"stage": "attention", "replaced_by": "a float64 softmax of the same inputs",
+                                "step": None, "error_before": None, "error_after": after, "correct": correct,
+                                "note": "the killed run rerun in a new process", "sentence": sentence}]
+    summary["explanation"] = f"{summary['explanation']}; proven by replacement: {sentence}"
+    if correct:
+        summary["stage"], summary["quantity"] = "attention", "crash"
 
 
 def run_in_child(argv: list[str]) -> int:

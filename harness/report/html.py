@@ -72,9 +72,9 @@ def _stamp(views: list[SettingView]) -> str:
     return f"; ddcheck {m['ddcheck_version']}{commit}, {m.get('time', '')}"
 
 
-# what differs between two runs of the same settings: the facts read off the clock or naming the records file
-# (rows of `facts`), and the records' paths and write time in the header (`render`, `_stamp`)
-_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:oracle time per step|engine time per step|records)</th><td>)[^<]*(</td>)")
+# what differs between two runs of the same settings: the rows of `facts` read off the clock (a label naming a
+# time, the warm-up) or naming the records file, and the records' paths and write time in the header (`_stamp`)
+_RUN_TO_RUN_FACTS = re.compile(r"(<tr><th>(?:[^<]*\btime\b[^<]*|warm-up[^<]*|records)</th><td>)[^<]*(</td>)")
 _RUN_TO_RUN_SOURCES = re.compile(r'(<p class="sources">records: )[^<]*?(?=; ddcheck |</p>)')
 _RUN_TO_RUN_WRITTEN = re.compile(r'(<p class="sources">[^<]*, )\d{4}-\d\d-\d\dT[\d:.]+(?:[+-]\d\d:\d\d|Z)?(?=</p>)')
 
@@ -236,6 +236,10 @@ def _localize(v: SettingView) -> str:
     out = ['<div class="localize"><h4>Localization</h4>',
            f'<p class="explanation"><span class="badge fc">{esc(loc.get("fault_class", "?"))}</span> '
            f'{esc(loc.get("explanation", ""))}</p>']
+    reps = (v.summary or {}).get("replacements") or []
+    if reps:   # the stage proven by replacing its output (harness/check/localize/stage_swap.py)
+        out.append("<p>Replaced at the first divergent step:</p><ul>"
+                   + "".join(f"<li>{esc(r.get('sentence', ''))}</li>" for r in reps) + "</ul>")
     out.append(_wrongs(loc.get("first_wrong"), loc.get("metadata_audit") or []))
     probe = loc.get("mask_probe")
     if probe and probe.get("expected") and probe.get("effective"):

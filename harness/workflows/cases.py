@@ -30,6 +30,8 @@ was expected, in one line.
     dtype = ["float32"]
     page_size = [1, 16]                # KV page size (harness/engine/mem/paged.py)
     sliding_window = [0, 8]            # 0: no window; N: a window of N keys (the model's sliding layers, else all)
+    prompt_len = 600                   # optional: this table's requests run prompts of 600 tokens drawn from the
+                                       #   seed (as --prompt-len 600) instead of the case's prompts
     fault = "padded-kv-visible"        # optional: switch a fault on (the gate must then fail)
     acceptance = { mean_accepted_length = 3.4, band = 0.3 }   # optional: the gate fails a setting of
                                        # this table whose mean accepted length is below 3.4 - 0.3
@@ -88,9 +90,12 @@ class Matrix:
     fault: str | None = None
     accept: str = "walk"
     acceptance: AcceptanceBaseline | None = None  # the floor its settings' mean accepted length must hold
+    prompt_len: int | None = None  # its requests' prompts: this many tokens drawn from the seed (not the case's)
 
     def settings(self, base: RunSettings) -> list[RunSettings]:
         values = [self.axes[a] for a in AXES]
+        if self.prompt_len is not None:   # the setting reproduces with --prompt-len, not the case's prompts
+            base = replace(base, case=None, prompt_lens=(self.prompt_len,))
         return [replace(base, fault=self.fault, accept=self.accept,
                         **{a: None if a in ZERO_IS_OFF and v == 0 else v for a, v in zip(AXES, combo)
                            if not (a in EMPTY_IS_BASE and v == "")})
@@ -125,6 +130,11 @@ class Case:
             for s in m.settings(self.base):
                 out.setdefault(self.with_tolerance(s), m.label)
         return list(out.items())
+
+    def prompts_of(self, s: RunSettings) -> tuple[PromptSpec, ...] | None:
+        """The prompts a setting of this case runs: the case's, or None where its table drew its own
+        (`prompt_len`: prepare draws them from the settings)."""
+        return None if s.prompt_lens else self.prompts
 
     def acceptance_for(self, label: str) -> AcceptanceBaseline | None:
         """The acceptance baseline of the matrix table named `label`, if it holds one."""
@@ -189,7 +199,7 @@ def _axis(path: Path, table: dict, axis: str, where: str) -> tuple:
 
 
 def _matrix(path: Path, table: dict, where: str, label: str, extra: set) -> Matrix:
-    _check_keys(path, table, set(AXES) | {"label", "fault", "accept", "acceptance"} | extra, where)
+    _check_keys(path, table, set(AXES) | {"label", "fault", "accept", "acceptance", "prompt_len"} | extra, where)
     axes = {a: _axis(path, table, a, where) for a in AXES}
     fault = table.get("fault")
     if fault is not None and not isinstance(fault, str):
@@ -197,8 +207,12 @@ def _matrix(path: Path, table: dict, where: str, label: str, extra: set) -> Matr
     accept = _get(path, table, "accept", where, str, "walk", "'walk' or 'sglang'")
     if accept not in ("walk", "sglang"):
         raise _fail(path, f"{where}accept", "'walk' or 'sglang'", accept)
+    prompt_len = table.get("prompt_len")
+    if prompt_len is not None and not (isinstance(prompt_len, int) and not isinstance(prompt_len, bool)
+                                       and 1 <= prompt_len <= MAX_PROMPT_LEN):
+        raise _fail(path, f"{where}prompt_len", f"a prompt length in [1, {MAX_PROMPT_LEN}] (an integer)", prompt_len)
     return Matrix(_get(path, table, "label", where, str, label, "a string"), axes, fault, accept,
-                  _acceptance(path, table.get("acceptance"), where))
+                  _acceptance(path, table.get("acceptance"), where), prompt_len)
 
 
 def _acceptance(path: Path, raw, where: str) -> AcceptanceBaseline | None:

@@ -43,11 +43,11 @@ def plan(cases: list[Case], inject: str | None = None) -> list[SettingJob]:
             if inject and not s.fault and not why_cannot_show(inject, s, vocab):
                 s = replace(s, fault=inject)  # where it cannot show, the setting runs fault-free
                 shown += 1
-            jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, label,
+            jobs.append(SettingJob(len(jobs), s, case.prompts_of(s), case.name, label,
                                    acceptance=None if s.fault else case.acceptance_for(label)))
         for f in case.faults:
             for s in map(case.with_tolerance, f.under.settings(case.base)):
-                jobs.append(SettingJob(len(jobs), s, case.prompts, case.name, f"fault {f.name}", f.name))
+                jobs.append(SettingJob(len(jobs), s, case.prompts_of(s), case.name, f"fault {f.name}", f.name))
     if inject and not shown:   # a fault switched on nowhere would make a vacuous pass
         raise UsageError(f"--fault {inject} can show in no matrix setting of "
                          f"{', '.join(c.name for c in cases)}; it needs: {catalog_shows_when(inject)}")

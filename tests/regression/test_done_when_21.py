@@ -3,7 +3,8 @@ default gate over each, in benchmarks/done_when_21.py): each patch applied
 to a copy of the tree, its targeted setting run through the CLI, caught with
 the right stage named: a loop that emits the root twice (accept, emitted),
 a wrong weight name in the shared schema (load, weights), a kernel call that
-kills its process (attention, a crash)."""
+kills its process (attention, a crash; proven by the run again with a
+float64 attention in its place)."""
 from __future__ import annotations
 
 import shutil
@@ -32,3 +33,5 @@ def test_the_case_is_caught_with_its_stage_named(case):
     t = row["targeted"]
     assert row["applied"] and row["caught"] and row["stage_named"], t
     assert (t["stage"], t["quantity"]) == EXPECTED[case], t
+    if case == "i":   # the killed run again with a float64 attention in a new process: it runs and matches
+        assert [(x["stage"], x["correct"]) for x in t["replacements"]] == [("attention", True)], t

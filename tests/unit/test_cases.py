@@ -80,6 +80,9 @@ MALFORMED = [
     ("[[prompts]]", "[tolerances]\ntf32 = 1e-3\n[[prompts]]", "tolerances.tf32", "unknown key"),
     ("[[prompts]]", "[tolerances]\nfloat32 = 0\n[[prompts]]", "tolerances.float32", "a number in (0, 1)"),
     ("budget = 16\n", "budget = 4\ntopk = 4\n", "faults[0].name", "settings where it can show"),
+    ("topk = 1", "topk = 1\nprompt_len = 0", "matrix[0].prompt_len", "a prompt length in [1,"),
+    ("topk = 1", 'topk = 1\nprompt_len = "600"', "matrix[0].prompt_len", "a prompt length in [1,"),
+    ("topk = 1", "topk = 1\nprompt_len = true", "matrix[0].prompt_len", "a prompt length in [1,"),
 ]
 
 
@@ -145,5 +148,27 @@ def test_default_gate_judges_a_bf16_slice():
     """Arithmetic the engine's low-precision twin shares (issue 21: a softmax scale 3% off) shows only in low
     precision, through the run-level drift test: the default gate runs a bfloat16 slice."""
     settings = load_case(ROOT / DEFAULT_CASE).settings()
-    assert {(s.cuda_graph, s.batch) for s in settings if s.dtype == "bfloat16"} == {(g, b) for g in (True, False)
-                                                                                     for b in (2, 4)}
+    short = [s for s in settings if s.dtype == "bfloat16" and not s.prompt_lens]
+    assert {(s.cuda_graph, s.batch) for s in short} == {(g, b) for g in (True, False) for b in (2, 4)}
+
+
+def test_default_gate_judges_bf16_on_a_long_prompt():
+    """RoPE angles rounded to the run's dtype (issue 21, case d) grow with the position: the default gate runs
+    one bfloat16 setting on a prompt of hundreds of tokens, reproducible without the case file."""
+    (long,) = [s for s in load_case(ROOT / DEFAULT_CASE).settings() if s.prompt_lens]
+    assert long.dtype == "bfloat16" and long.prompt_lens[0] >= 512 and long.case is None
+    assert f"--prompt-len {long.prompt_lens[0]}" in long.command() and "--case" not in long.command()
+
+
+def test_a_table_may_draw_its_own_long_prompt(tmp_path):
+    """`prompt_len = N`: that table's settings run prompts of N tokens drawn from the seed (as --prompt-len N),
+    the gate hands them no case prompts; the other tables keep the case's prompts."""
+    from harness.workflows.gate import plan
+    text = GOOD.replace("[[faults]]", '[[matrix]]\nlabel = "long"\nbudget = 8\nprompt_len = 300\n[[faults]]')
+    case = load_case(_write(tmp_path, text))
+    assert [(s.budget, s.prompt_lens, s.case) for s in case.settings()] == [
+        (8, None, str(case.path)), (16, None, str(case.path)), (8, (300,), None)]
+    jobs = plan([case])
+    assert [j.prompts for j in jobs[:3]] == [case.prompts, case.prompts, None]
+    from harness.check.prepare import prepare
+    assert [len(ids) for ids in prepare(jobs[2].settings, jobs[2].prompts).prompt_ids] == [300]

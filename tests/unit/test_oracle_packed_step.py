@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import reference.judged as judged
 from reference.model import DenseLlama
 from reference.oracle import DenseOracle, root_path
 from reference.packed import packed_visibility
@@ -40,18 +41,17 @@ def test_packed_visibility_shows_each_row_its_own_path():
 
 
 @pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["gqa", "window-sinks"])
-def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg):
+def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
     oracle = oracle_for(cfg)
     oracle.tree_logits(PREFIX[:6], [3], [-1])               # a cached prefix the step extends
     passes = []
-    forward_many = DenseLlama.forward_many
-    DenseLlama.forward_many = lambda self, packs: passes.append(len(packs)) or forward_many(self, packs)
-    try:
-        oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
-        got = [oracle.tree_logits(*t) for t in STEP]
-        rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
-    finally:
-        DenseLlama.forward_many = forward_many
+    forward_many = judged.forward_many
+    monkeypatch.setattr(judged, "forward_many",
+                        lambda model, packs: passes.append(len(packs)) or forward_many(model, packs))
+    oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
+    got = [oracle.tree_logits(*t) for t in STEP]
+    rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
+    monkeypatch.undo()
     assert passes == [3, 3]                                  # one pass per model for the whole step
     low = oracle.model.rounded(torch.bfloat16)
     for (prefix, tokens, parents), g, r in zip(STEP, got, rounded):
@@ -70,11 +70,11 @@ def test_an_unprepared_tree_is_judged_on_its_own_all_the_same():
 def test_greedy_reads_the_positions_the_judged_trees_decided():
     oracle = oracle_for(CFG)
     want, _ = DenseOracle(CFG, weights()).greedy(PREFIX, 6)
-    prefix = list(PREFIX[:-1])
-    tokens = [PREFIX[-1], want[0], want[1], 7]               # the greedy path, a wrong sibling last
-    oracle.tree_logits(prefix, tokens, [-1, 0, 1, 1])
+    # the engine's first step: the prompt is the prefix, its first token (from prefill) the root
+    tokens = [want[0], want[1], 7]                           # the greedy path, a wrong sibling last
+    oracle.tree_logits(PREFIX, tokens, [-1, 0, 0])
     got, gaps = oracle.greedy(PREFIX, 6)
-    assert got == want and oracle.judged_walks.hits == 3     # the root, want[0] and want[1]'s positions
+    assert got == want and oracle.judged_walks.hits == 3     # after the prompt (its last row), want[0], want[1]
     fresh = DenseOracle(CFG, weights()).greedy(PREFIX, 6)[1]
     assert gaps == pytest.approx(fresh, rel=1e-9)
 

@@ -3,6 +3,7 @@ prefix and one forward per leaf give what a fresh forward per node gives."""
 import torch
 
 from ddschema.config import ModelConfig, weight_names
+import reference.judged as judged
 from reference.model import DenseLlama
 from reference.oracle import DenseOracle, root_path
 from reference.prefix_cache import PrefixCache
@@ -45,15 +46,16 @@ def test_tree_logits_equal_a_fresh_forward_per_node():
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
 
 
-def test_a_later_step_reuses_and_extends_the_cached_prefix():
+def test_a_later_step_reuses_and_extends_the_cached_prefix(monkeypatch):
     oracle = DenseOracle(CFG, weights())
     oracle.tree_logits(PREFIX, TOKENS, PARENTS)
     longer = PREFIX + [38, 4, 26]                  # the next step: the accepted tokens committed
     calls = []
-    forward_many = oracle.model.forward_many
-    oracle.model.forward_many = lambda packs: calls.append(packs) or forward_many(packs)
+    forward_many = judged.forward_many
+    monkeypatch.setattr(judged, "forward_many",
+                        lambda model, packs: calls.append(packs) or forward_many(model, packs))
     got = oracle.tree_logits(longer, TOKENS, PARENTS)
-    oracle.model.forward_many = forward_many
+    monkeypatch.undo()
     (pack,), = calls                               # one pass: the new prefix tokens ride in front of the tree
     assert pack.more == (38, 4, 26) and pack.past[0][0].shape[0] == len(PREFIX)
     want = per_node(oracle.model, longer, TOKENS, PARENTS)

@@ -124,7 +124,8 @@ def test_page_run_to_run_drops_times_and_paths_and_keeps_what_was_found(tmp_path
     page_run_to_run takes those out; a different finding or commit is still a different page."""
     def page(name: str, **over) -> str:
         rec = {**summary("ddcheck run --budget 4", True, budget=4, fault=None), "oracle_s_per_step": 0.05,
-               "engine_s_per_step": 0.3, "ddcheck_version": "0.1.0", "commit": "abc",
+               "engine_s_per_step": 0.3, "oracle_time_ratio": 0.17, "engine_warmup_s": 1.0, "oracle_warmup_s": 0.5,
+               "ddcheck_version": "0.1.0", "commit": "abc",
                "time": "2026-01-01T00:00:00+00:00"}
         (tmp_path / name).mkdir()
         out = tmp_path / name / "r.html"
@@ -132,9 +133,11 @@ def test_page_run_to_run_drops_times_and_paths_and_keeps_what_was_found(tmp_path
         return out.read_text()
 
     first = page("a")
-    again = page("b", oracle_s_per_step=0.09, engine_s_per_step=0.7, time="2026-01-02T10:11:12.5+00:00")
+    again = page("b", oracle_s_per_step=0.09, engine_s_per_step=0.7, oracle_time_ratio=0.13, engine_warmup_s=2.0,
+                 time="2026-01-02T10:11:12.5+00:00")
     assert first != again and page_run_to_run(first) == page_run_to_run(again)
-    assert "0.050" not in page_run_to_run(first) and "2026-01-01" not in page_run_to_run(first)
+    assert "warm-up" in first and "1.00 s, 0.50 s" in first and "0.17" in first   # the rows it blanks are drawn
+    assert not any(x in page_run_to_run(first) for x in ("0.050", "1.00 s, 0.50 s", "0.17", "2026-01-01"))
     assert "commit abc" in page_run_to_run(first)
     for n, other in enumerate(({"max_rel_err": 2e-7}, {"commit": "def"}, {"near_ties": 1})):
         assert page_run_to_run(page(f"c{n}", **other)) != page_run_to_run(first), other

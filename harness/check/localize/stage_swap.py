@@ -1,0 +1,291 @@
+"""A stage proven guilty by replacing its output (issue 21 point 3), for the
+first divergent verify step: the run is repeated deterministically (same
+settings, seeds and pipeline) and, at that step only, one stage's output is
+replaced by an independent correct one; the step is then judged against the
+oracle as the run judged it. The first stage whose replacement makes the
+step correct is the cause.
+
+  committed KV    after the previous step's commit, every live request's
+                  cache is rebuilt from its token ids: fresh slots, K/V
+                  recomputed by a causal forward over the committed tokens,
+                  req_to_token and the length set from the ids
+  verify inputs   the step's verify batch laid out again from the trees,
+                  the token ids and req_to_token (lengths from the ids,
+                  visibility from each tree's ancestors), not by the stage
+  graph           (graph runs) the whole run without the graph runner
+  attention       the backend's attention of the step computed in float64
+                  from the same q, k, v and metadata (replace.ExactAttention),
+                  over the cache rebuilt as above (an attention bug reaches
+                  the step through every K/V its earlier forwards wrote)
+
+A crash of the engine under test has two rungs: the graph replay replaced by
+the eager forward (graph runs only), the attention kernel by the float64
+attention from the start; when the replaced run reaches the crashed step and
+it matches the oracle, the replaced stage is the one that crashed.
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from harness.check.compare.metrics import compare_rows, engine_block
+from harness.engine.attn.exact import REPLACE_STAGE_ENV, ArmedAttention, ExactAttention, with_replaced_attention  # noqa: F401
+from harness.engine.attn.base import serving_of
+from harness.engine.attn.torch_backend import TorchBackend
+from harness.engine.ddtree.tree import DraftTree
+from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch, prefill_metadata
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """One rung: which stage's output was replaced, by what, and the step's error before and after, as the
+    largest error over its real rows relative to the bound it was judged at (> 1: a divergent row)."""
+
+    stage: str                 # wrong.STAGE_WORDS' words: commit, verify inputs, attention, graph
+    replaced_by: str           # what stood in for its output
+    step: int
+    error_before: float | None   # None: the step crashed
+    error_after: float | None    # None: the replaced run crashed or did not reach the step
+    correct: bool                # the replaced step matches the oracle: this stage is the cause
+    note: str = ""               # why it could not be judged, or what the rerun raised
+
+    def to_record(self) -> dict:
+        return {"stage": self.stage, "replaced_by": self.replaced_by, "step": self.step,
+                "error_before": self.error_before, "error_after": self.error_after, "correct": self.correct,
+                "note": self.note, "sentence": self.sentence()}
+
+    def sentence(self) -> str:
+        before = "crashed" if self.error_before is None else f"error {self.error_before:.3g}x its bound"
+        after = (f"crashed or did not reach it ({self.note})" if self.error_after is None
+                 else f"error {self.error_after:.3g}x its bound")
+        verdict = "correct: the cause" if self.correct else "still wrong"
+        what = "committed KV (the commit's, or the emitted ids')" if self.stage == "commit" else self.stage
+        return f"{what} replaced by {self.replaced_by}: step {self.step} {before} -> {after} ({verdict})"
+
+
+def proven(found: list[Replacement]) -> Replacement | None:
+    """The first rung (in pipeline order) whose replacement made the step correct."""
+    return next((r for r in found if r.correct), None)
+
+
+def prove_divergent_step(p, step: int) -> list[Replacement]:
+    """The rungs for a step whose nodes diverged (p: the run's Prepared). Empty where the engine's
+    layout is not one these replacements rebuild (a serving backend, a paged pool, MLA, --tp, a port)."""
+    if not _replaceable(p):
+        return []
+    before = _judged_step(p, step, None)[0]
+    # a cache the ids do not give is the commit's, or the emission's (the ids themselves): the bookkeeping audit
+    # (localize/bookkeeping.py) tells those two apart, this rung only that the cache disagrees with the ids
+    rungs = [("commit", "the cache rebuilt from the token ids", None, _rebuild_committed_kv),
+             ("verify inputs", "a batch laid out from the trees and token ids", None, _independent_verify_inputs)]
+    if p.settings.cuda_graph:   # the run without the graph runner: the same batches, forwarded eagerly
+        rungs.append(("graph", "the eager forward", _eager, None))
+    rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_at_step))
+    out = []
+    for stage, what, base, swap in rungs:
+        after, note = _judged_step(p, step, swap, base)
+        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
+        if out[-1].correct:
+            break
+    return out
+
+
+def prove_crash(p, step: int) -> list[Replacement]:
+    """The crash rungs: graph replay -> eager (graph runs only), attention kernel -> float64 from the start."""
+    if not _replaceable(p):
+        return []
+    rungs = [("graph", "the eager forward", _eager, None)] if p.settings.cuda_graph else []
+    rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
+    out = []
+    for stage, what, base, swap in rungs:
+        after, note = _judged_step(p, step, swap, base)
+        out.append(Replacement(stage, what, step, None, after, after is not None and after <= 1.0, note))
+        if out[-1].correct:
+            break
+    return out
+
+
+def _replaceable(p) -> bool:
+    s = p.settings
+    return (serving_of(p.engine.kernel) is None and s.page_size == 1 and s.tp == 1 and p.port is None
+            and p.engine.cfg.mla is None)
+
+
+# -- the rerun ---------------------------------------------------------------------------------------------------
+
+def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = None) -> tuple[float | None, str]:
+    """A fresh engine run to `step` with `swap(prepared, step)` installed (it returns a hook called once the
+    engine is built, or None); the step's error relative to its bound, or None and what stopped it."""
+    from harness.check.prepare import derive
+    try:
+        q = base(p) if base is not None else derive(p)
+        hook = swap(q, step) if swap is not None else None
+        if hook is not None:
+            hook(q.engine)
+        for result in q.engine.rounds():
+            if result.step == step:
+                return _step_error(q, result), ""
+    except Exception as e:  # noqa: BLE001  (a rerun that raises proves nothing; it is said)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+    return None, f"the run ended before step {step}"
+
+
+def _step_error(q, result) -> float:
+    """max over the step's real rows of rel_err / bound (the run's tolerance, or its noise-floor bound);
+    inf where a row or a padding row is not finite."""
+    worst = 0.0
+    vocab = q.engine.cfg.vocab_size
+    for rs in result.requests:
+        tree = rs.tree
+        logits, _ = engine_block(rs.logits, tree.q_len, vocab)   # [q_len, vocab]
+        parents = [-1] + [int(x) for x in tree.parents[1:]]
+        ref = q.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)   # [num_rows, vocab] float64
+        real = tree.num_rows
+        bounds = _bounds(q, rs, ref, parents)
+        for m, bound in zip(compare_rows(logits[:real], ref[:real]), bounds):
+            worst = max(worst, m.rel_err / bound if m.finite else float("inf"))
+        if not bool(torch.isfinite(logits[real:]).all()):
+            worst = float("inf")
+    return worst
+
+
+def _bounds(q, rs, ref: torch.Tensor, parents: list[int]) -> list[float]:
+    real = rs.tree.num_rows
+    if q.rule is None:
+        return [q.tolerance] * real
+    twin = q.twin.tree_logits(rs.prefix, rs.tree)
+    rounded = q.oracle.rounded_tree_logits(list(rs.prefix), list(rs.tree.tokens), parents, q.settings.dtype,
+                                           q.rounded_probabilities)
+    return [q.rule.bound(t.rel_err, r.rel_err) for t, r in zip(compare_rows(twin[:real], ref[:real]),
+                                                               compare_rows(rounded[:real], ref[:real]))]
+
+
+# -- committed KV --------------------------------------------------------------------------------------------------
+
+def _rebuild_committed_kv(q, step: int):
+    """Once the commit before `step` is done (the prefill's, for step 0), every live request's committed
+    state is rebuilt from its token ids."""
+    def install(engine) -> None:
+        if step == 0:
+            prefill = engine.prefill
+
+            def prefill_then_rebuild() -> None:
+                prefill()
+                rebuild_committed(engine)
+            engine.prefill = prefill_then_rebuild
+            return
+        rounds = engine.rounds
+
+        def rebuilt_before(target=step):
+            for result in rounds():
+                yield result
+                if result.step == target - 1:
+                    rebuild_committed(engine)
+        engine.rounds = rebuilt_before
+    return install
+
+
+def rebuild_committed(engine) -> None:
+    """Each live request's cache from its ids: its slots freed, n fresh ones taken, K/V of positions 0..n-1
+    written by a causal forward over its committed tokens whose attention is a float64 softmax (not the
+    backend under test), req_to_token and seq_len set."""
+    live = [r for r in engine.requests if not r.finished]
+    r2t, owned = engine.req_pool.req_to_token, engine.pool.allocator.owned
+    for r in live:
+        old = [s for s in dict.fromkeys(r2t[r.req_pool_idx, :r.seq_len].tolist()) if s in owned]
+        if old:
+            engine.pool.allocator.free(torch.tensor(old, dtype=torch.int64))
+            owned = engine.pool.allocator.owned
+    plain = ExactAttention(TorchBackend(engine.s.device, engine.s.torch_dtype))
+    for r in live:
+        ids = r.committed_tokens()
+        n = len(ids)
+        loc = engine.pool.allocator.alloc(n).to(engine.s.device)                      # [n]
+        engine.model.forward(torch.tensor(ids, device=engine.s.device), torch.arange(n, device=engine.s.device),
+                             prefill_metadata([n], loc).to(engine.s.device), engine.pool, plain)
+        r2t[r.req_pool_idx, :n] = loc
+        r.seq_len = n
+
+
+# -- verify inputs -------------------------------------------------------------------------------------------------
+
+def _independent_verify_inputs(q, step: int):
+    def install(engine) -> None:
+        _at_step(engine, step, lambda own, *args: independent_batch(engine, *args))
+    return install
+
+
+def independent_batch(engine, trees: list[DraftTree], seq_lens, req_pool_indices, req_to_token,
+                      out_cache_loc, mask_builder=None) -> VerifyBatch:
+    """The verify batch from the trees and the token ids alone: each request's length is its committed
+    tokens' count, its keys req_to_token's first that many slots, its rows see the prefix and their
+    ancestors (a padding row its own column), rows carry the tree's tokens at prefix + depth."""
+    by_idx = {r.req_pool_idx: r for r in engine.requests if not r.finished}
+    lens = [len(by_idx[int(i)].committed_tokens()) for i in req_pool_indices]
+    q_len = trees[0].q_len
+    ids, pos, blocks = [], [], []
+    for tree, n in zip(trees, lens):
+        pad = tree.q_len - tree.num_rows
+        ids += list(tree.tokens) + [tree.tokens[0]] * pad
+        pos += [n + d for d in tree.depths] + [n] * pad
+        block = torch.zeros((q_len, n + q_len), dtype=torch.bool)   # [q_len, prefix + q_len]
+        block[:, :n] = True
+        for row in range(q_len):
+            cols = tree.ancestors(row) if row < tree.num_rows else [row]
+            block[row, [n + c for c in cols]] = True
+        blocks.append(block.reshape(-1))
+    sizes = [0] + [b.numel() for b in blocks]
+    kv = [req_to_token[int(i), :n].cpu() for i, n in zip(req_pool_indices, lens)]
+    attn = AttnMetadata(qo_indptr=torch.arange(0, (len(trees) + 1) * q_len, q_len, dtype=torch.int64),
+                        kv_indptr=torch.tensor([0] + lens, dtype=torch.int64).cumsum(0),
+                        kv_indices=torch.cat(kv).to(torch.int64), out_cache_loc=out_cache_loc,
+                        custom_mask=torch.cat(blocks), mask_indptr=torch.tensor(sizes, dtype=torch.int64).cumsum(0),
+                        max_len_extend=q_len)
+    return VerifyBatch(torch.tensor(ids, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64),
+                       torch.tensor(lens, dtype=torch.int64), torch.tensor(list(map(int, req_pool_indices))),
+                       attn, q_len)
+
+
+def _at_step(engine, step: int, build: Callable) -> None:
+    """The pipeline's verify-inputs stage, its call of round `step` (one call per round) handed to
+    build(own stage, *its arguments)."""
+    own, calls = engine.pipeline.build_verify_batch, [0]
+
+    def stage(*args):
+        calls[0] += 1
+        return build(own, *args) if calls[0] - 1 == step else own(*args)
+    engine.pipeline = replace(engine.pipeline, build_verify_batch=stage)
+
+
+# -- attention -----------------------------------------------------------------------------------------------------
+
+def _exact_attention_throughout(q, step: int):
+    def install(engine) -> None:
+        engine.backend = ArmedAttention(engine.backend, armed=True)
+    return install
+
+
+def _exact_attention_at_step(q, step: int):
+    """The step's attention, and the cache it reads (rebuilt as the commit rung rebuilds it), in float64: an
+    attention bug reaches the step through every K/V its earlier forwards wrote."""
+    rebuild = _rebuild_committed_kv(q, step)
+
+    def install(engine) -> None:
+        rebuild(engine)
+        armed = ArmedAttention(engine.backend)
+        engine.backend = armed
+
+        def arm(own, *args):
+            armed.armed = True
+            return own(*args)
+        _at_step(engine, step, arm)
+    return install
+
+
+def _eager(q):
+    """q's setting without the graph runner."""
+    from harness.check.prepare import derive
+    return derive(q, replace(q.settings, cuda_graph=False), tuple(q.prompts), q.engine.pipeline)
