@@ -161,10 +161,29 @@ def whole_check(s: RunSettings, checkout: Path, label: str, timeout_s: float | N
     keys = ("verdict", "stopped", "steps", "nodes_checked", "divergent_nodes", "engine_s_per_step", "oracle_s_per_step",
             "engine_warmup_s", "oracle_warmup_s", "oracle_time_ratio", "max_noise_ratio")
     row = {"code": label, "exit": r.returncode, "wall_s": round(wall, 2), **{k: summary.get(k) for k in keys}}
+    row.update(why(summary, records))
     row["node_verdicts"] = [x["verdict"] for x in records if x.get("kind") == "node"]
     if r.returncode not in (0, 1, 124):
         row["stderr_tail"] = r.stderr[-2000:]
     return row
+
+
+WHY_KEYS = ("failed_checks", "first", "stream_mismatches", "accept_mismatches", "tree_mismatches",
+            "accept_ref_mismatches", "reference_near_ties", "nonfinite_padding_rows", "load_mismatches", "audit_errors",
+            "provenance_findings", "rank_findings", "near_ties", "noise_rule", "noise_drift", "drift_exceeded",
+            "noise_excess", "excess_exceeded", "max_node_bound", "max_ref_scale", "fault_class", "explanation",
+            "first_finding", "crash", "error", "notes")
+
+
+def why(summary: dict, records: list[dict], keep: int = 8) -> dict:
+    """What explains the run's verdict: the summary's fields that say why, and the first `keep` records of each
+    run-level check (stream, tree, accept-ref, accept) that did not match, as the run wrote them."""
+    out = {k: summary.get(k) for k in WHY_KEYS}
+    for kind in ("stream", "tree", "accept-ref", "accept"):
+        bad = [x for x in records if x.get("kind") == kind and x.get("verdict") not in ("match", "pass", "agree")]
+        if bad:
+            out[f"{kind}_records"] = bad[:keep]
+    return out
 
 
 def settings(a) -> RunSettings:
@@ -237,9 +256,23 @@ def print_table(result: dict) -> None:
         warm = f"{r['engine_warmup_s']:.1f}/{r['oracle_warmup_s']:.1f}" if r.get("engine_warmup_s") is not None else "-"
         print(f"{r['code'][:22]:22} {r['exit']:>4} {r['wall_s']:8.1f} {r['steps'] or 0:>5} "
               f"{r['engine_s_per_step'] or 0:9.3f} {r['oracle_s_per_step'] or 0:9.3f} {ratio:6.2f} {warm:>14} "
-              f"{r['verdict']}")
+              f"{r['verdict']}{verdict_reason(r)}")
     if "same_node_verdicts" in result:
         print(f"same node verdicts as the baseline: {result['same_node_verdicts']}")
+
+
+def verdict_reason(r: dict) -> str:
+    """The checks behind a verdict other than pass, as the summary named them (older summaries: their counts)."""
+    if r["verdict"] == "pass":
+        return ""
+    failed = r.get("failed_checks")
+    if failed is None:   # a summary written before failed_checks
+        counts = [k for k in WHY_KEYS[2:12] if k != "reference_near_ties"]   # near ties fail nothing
+        failed = [f"{k.replace('_', ' ')} {r[k]}" for k in counts if isinstance(r.get(k), int) and r[k]]
+        failed += [k.replace("_", " ") for k in ("drift_exceeded", "excess_exceeded") if r.get(k)]
+    first = r.get("first") or {}
+    where = f"; first: {first.get('what')}" + (f" ({first['detail']})" if first.get("detail") else "") if first else ""
+    return f" ({'; '.join(failed) or 'no check named'}{where})"
 
 
 if __name__ == "__main__":

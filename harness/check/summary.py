@@ -125,17 +125,30 @@ class CheckSummary:
     @property
     def checks_passed(self) -> bool:
         """No check found a divergence (whatever crashed after)."""
-        return (self.divergent_nodes == 0 and self.nonfinite_padding_rows == 0 and self.stream_mismatches == 0 and self.accept_mismatches == 0
-                and self.load_mismatches == 0 and self.tree_mismatches == 0 and self.accept_ref_mismatches == 0
-                and self.audit_errors == 0 and not (self.strict and self.audit_warnings)
-                and self.provenance_findings == 0 and self.rank_findings == 0 and not self.drift_exceeded
-                and not self.excess_exceeded)
+        return not self.failed_checks
 
+    @property
+    def failed_checks(self) -> list[str]:
+        """Each check that found a divergence, as `name count` (the one list checks_passed reads, so a
+        verdict of diverge always names why, divergent nodes or not)."""
+        counts = (("divergent nodes", self.divergent_nodes), ("non-finite padding rows", self.nonfinite_padding_rows),
+                  ("stream mismatches", self.stream_mismatches), ("accept mismatches", self.accept_mismatches),
+                  ("load mismatches", self.load_mismatches), ("tree mismatches", self.tree_mismatches),
+                  ("accept-ref mismatches", self.accept_ref_mismatches), ("audit errors", self.audit_errors),
+                  ("audit warnings (strict)", self.audit_warnings if self.strict else 0),
+                  ("provenance findings", self.provenance_findings), ("rank findings", self.rank_findings))
+        out = [f"{name} {n}" for name, n in counts if n]
+        if self.drift_exceeded:
+            out.append(f"noise drift {self.noise_drift or 0:.2f}")
+        if self.excess_exceeded:
+            x = self.noise_excess or {}
+            out.append(f"noise excess {x.get('above')} of {x.get('nodes')} (p {x.get('p') or 0:.1e})")
+        return out
 
 def summary_record(s: RunSettings, summary: CheckSummary) -> dict:
     if summary.divergent_nodes > summary.nodes_checked:   # every view reads these two as "divergent of checked"
         raise ValueError(f"summary counts {summary.divergent_nodes} divergent nodes of {summary.nodes_checked} checked")
     d = {k: v for k, v in asdict(summary).items() if k != "setting" and not (k == "error" and v is None)}
     return {"kind": "summary", "setting": summary.setting, "passed": summary.passed, "verdict": summary.verdict,
-            "settings": s.to_dict(), **d, **provenance(),
+            "failed_checks": summary.failed_checks, "settings": s.to_dict(), **d, **provenance(),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")}

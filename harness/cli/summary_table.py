@@ -103,6 +103,8 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("note", escape(note))
     if summary.crash:
         t.add_row("crash", escape(f"{summary.crash['side']}: {summary.crash['sentence']}"))
+    if summary.failed_checks:   # which checks made the verdict, divergent nodes or not
+        t.add_row("failed checks", escape("; ".join(summary.failed_checks)))
     t.add_row("verdict", {"pass": "[green]PASS[/]", "diverge": "[red]DIVERGE[/]", "oracle-crash": "[red]ORACLE CRASH[/]",
                           "port-error": "[red]PORT ERROR[/] (the port raised in its own code)",
                           "internal-error": "[red]INTERNAL ERROR[/] (ddcheck)",

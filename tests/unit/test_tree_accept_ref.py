@@ -181,3 +181,24 @@ def test_a_tree_keeping_another_token_tied_at_the_topk_threshold_is_a_near_tie()
     lp_off = lp.clone()
     lp_off[0, second] -= 0.1                             # drafts where the engine's token is below the 4th
     assert _engine_step(engine_lp, lp_off, budget=12, topk=4).diverged
+
+
+def test_a_build_breaking_every_tie_the_other_way_is_never_a_divergence():
+    """Issue 22's 8B run (budget 32, topk 4, batch 4, a random checkpoint's bf16 self-draft): verdict diverge
+    with 0 divergent nodes. Drafts of a bf16 model tie often, at a depth's top-k threshold and at the cut score
+    at once; a tree whose builder breaks each tie the other way (higher ids first) is DDTree's too. Before the
+    fix, a depth holding both kinds of tie disabled the threshold swaps and 6 of these 60 seeds diverged."""
+    grid = 0.25   # coarse log-probs, as the early exit of a bf16 model gives (ties are common)
+    wrong = 0
+    for seed in range(60):
+        raw = torch.randn(7, 64, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 1.3
+        lp = torch.log_softmax(torch.round(raw / grid) * grid, -1)          # [L, vocab]
+        other_way = lp + 1e-12 * torch.arange(64, dtype=torch.float64) / 64  # every tie goes to the higher id
+        v = _engine_step(other_way, lp, budget=32, topk=4)
+        wrong += v is not None and v.diverged
+    assert wrong == 0
+    lp_off = lp.clone()
+    v = _engine_step(lp, lp, budget=32, topk=4)
+    assert v is None   # the same build is no difference at all
+    lp_off[0, int(lp[0].argmax())] -= 3.0   # the engine's best depth-1 token is not in the drafts' top-k: diverge
+    assert _engine_step(lp, lp_off, budget=32, topk=4).diverged

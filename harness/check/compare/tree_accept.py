@@ -60,22 +60,22 @@ def _engine_paths(tree) -> list[tuple[int, ...]]:
     return out
 
 
-def _threshold_swaps(draft_logprobs: torch.Tensor, topk: int, want, got) -> list[dict[int, int]] | None:
-    """Per depth, the engine's tokens -> the oracle's where the two trees kept different tokens of a
-    depth's top-k and every such token ties with that depth's k-th largest draft log-prob (within
-    SCORE_TIE): a top-k that must drop one of equal candidates may drop either (torch.topk's order
-    among equal values is unspecified; the oracle's rule keeps the lower id). None when any kept
-    token differs otherwise. Swapped tokens carry equal log-probs, so every path's score is kept."""
+def _threshold_swaps(draft_logprobs: torch.Tensor, topk: int, want, got) -> list[dict[int, int]]:
+    """Per depth, the engine's tokens -> the oracle's where the two trees kept different tokens of a depth's
+    top-k that tie with that depth's k-th largest draft log-prob (within SCORE_TIE): a top-k that must drop
+    one of equal candidates may drop either (torch.topk's order among equal values is unspecified; the
+    oracle's rule keeps the lower id). Tokens kept by one tree only for another reason (a tie at the cut
+    score takes another path there) are left as they are, for the cut-score test: a depth may hold both
+    (drafts of a bf16 model tie often; issue 22's 8B run). Swapped tokens carry equal log-probs, so every
+    path's score is kept."""
     swaps = []
     for depth in range(int(draft_logprobs.shape[0])):
         eng = {p[depth] for p in got if len(p) > depth}
         ref = {p[depth] for p in want if len(p) > depth}
         lp = draft_logprobs[depth].double()  # [vocab]
         kth = float(torch.topk(lp, min(topk, lp.numel())).values[-1])
-        odd = sorted(eng - ref), sorted(ref - eng)
-        if len(odd[0]) != len(odd[1]) or any(abs(float(lp[t]) - kth) > SCORE_TIE for t in odd[0] + odd[1]):
-            return None
-        swaps.append(dict(zip(*odd)))
+        tied = [sorted(t for t in odd if abs(float(lp[t]) - kth) <= SCORE_TIE) for odd in (eng - ref, ref - eng)]
+        swaps.append(dict(zip(*tied)))
     return swaps
 
 
@@ -87,7 +87,7 @@ def check_tree(rs, oracle, budget: int, topk: int, setting: str) -> Verdict | No
     if not missing and not extra and len(want) == len(got):
         return None
     swaps = _threshold_swaps(rs.draft_logprobs, topk, want, got)
-    swapped = got if swaps is None else [tuple(swaps[d].get(t, t) for d, t in enumerate(p)) for p in got]
+    swapped = [tuple(swaps[d].get(t, t) for d, t in enumerate(p)) for p in got]
     left = [p for p in want if p not in set(swapped)] + [p for p in swapped if p not in set(want)]
     cut = min(ref.scores[1:], default=0.0)
     scores = [_path_score(p, rs.draft_logprobs, topk) for p in left]
@@ -99,7 +99,7 @@ def check_tree(rs, oracle, budget: int, topk: int, setting: str) -> Verdict | No
               "engine_nodes": len(got), "reference_nodes": len(want),
               "missing": [list(p) for p in missing], "extra": [list(p) for p in extra],
               "cut_score": cut, "verdict": "near-tie" if tie else "diverge",
-              "threshold_ties": [[d + 1, e, r] for d, sw in enumerate(swaps or []) for e, r in sw.items()]}
+              "threshold_ties": [[d + 1, e, r] for d, sw in enumerate(swaps) for e, r in sw.items()]}
     return Verdict(record, not tie, sentence)
 
 
