@@ -17,6 +17,7 @@ from harness.check.records import RecordWriter
 from harness.engine.ddtree.commit import commit_kv
 from harness.engine.ddtree.verify_inputs import build_verify_batch
 from harness.engine.settings import RunSettings
+from tests.unit.test_localize_replace import _ScaleOff   # the backend with its softmax scale 3% off
 
 SETTING = RunSettings(backend="torch", budget=8, topk=2, batch=2, max_new_tokens=8, stop_after=1)
 
@@ -31,17 +32,6 @@ def _inputs_short(trees, seq_lens, *args, **kwargs):
     return build_verify_batch(trees, [n - 1 for n in seq_lens], *args, **kwargs)
 
 
-class _ScaleOff:
-    """The backend with its softmax scale 3% off."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def forward(self, q, *args, **kwargs):
-        return self.inner.forward(q * 1.03, *args, **kwargs)
 
 
 class _RaisesOnMask(_ScaleOff):

@@ -84,13 +84,7 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
     if p.settings.cuda_graph:   # the run without the graph runner: the same batches, forwarded eagerly
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_at_step))
-    out = []
-    for stage, what, base, swap in rungs:
-        after, note = _judged_step(p, step, swap, base)
-        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
-        if out[-1].correct:
-            break
-    return out
+    return _climb(p, step, before, rungs)
 
 
 def prove_crash(p, step: int) -> list[Replacement]:
@@ -99,10 +93,16 @@ def prove_crash(p, step: int) -> list[Replacement]:
         return []
     rungs = [("graph", "the eager forward", _eager, None)] if p.settings.cuda_graph else []
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
+    return _climb(p, step, None, rungs)
+
+
+def _climb(p, step: int, before: float | None, rungs: list) -> list[Replacement]:
+    """Each rung (stage, what replaced it, base run, swap) in turn, up to the first whose replaced step is
+    correct; before: the step's error as run (None: it crashed)."""
     out = []
     for stage, what, base, swap in rungs:
         after, note = _judged_step(p, step, swap, base)
-        out.append(Replacement(stage, what, step, None, after, after is not None and after <= 1.0, note))
+        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
         if out[-1].correct:
             break
     return out
