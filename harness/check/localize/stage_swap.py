@@ -14,7 +14,7 @@ step correct is the cause.
                   visibility from each tree's ancestors), not by the stage
   graph           (graph runs) the whole run without the graph runner
   attention       the backend's attention of the step computed in float64
-                  from the same q, k, v and metadata (replace.ExactAttention),
+                  from the same q, k, v and metadata (engine/attn/exact.py),
                   over the cache rebuilt as above (an attention bug reaches
                   the step through every K/V its earlier forwards wrote)
 
@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
-from harness.engine.attn.exact import REPLACE_STAGE_ENV, ArmedAttention, ExactAttention, with_replaced_attention  # noqa: F401
+from harness.engine.attn.exact import ArmedAttention, ExactAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.attn.torch_backend import TorchBackend
 from harness.engine.ddtree.tree import DraftTree
