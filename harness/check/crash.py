@@ -90,6 +90,21 @@ CRASH_STAGES = (("harness/engine/graph.py", "graph"), ("harness/engine/serving_g
                 ("harness/engine/mem/", "commit"))
 
 
+# the first divergence of a run whose engine crashed at a step that a stage's replacement makes run and match the
+# oracle (harness/check/localize/stage_swap.py, harness/cli/watchdog.py): a divergence of that step, the crash its
+# evidence; an unproven crash stays a `crash`
+PROVEN_CRASH = "proven-crash"
+
+
+def proven_crash_detail(step: int | None, error: str, where: str, stage: str, replaced_by: str,
+                        error_after: float | None) -> str:
+    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof."""
+    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
+    after = "" if error_after is None else f" (error {error_after:.3g}x its bound)"
+    return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
+            f"{replaced_by} the step runs and matches the oracle{after}")
+
+
 def crash_stage(crash: Crash) -> str | None:
     """The stage whose file the engine's innermost frame is in (None: not the engine's, or its loop's own code).
     A KeyError on a checkpoint tensor name, met by the model's forward, is the loader's: the weights it

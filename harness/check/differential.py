@@ -610,10 +610,22 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
         return
     summary.explanation = _with_proof(summary.explanation, f"proven by replacement (tried {tried}): "
                                                            f"{cause.sentence()}")
-    if crash and summary.quantity in (None, "crash"):
-        summary.stage, summary.quantity = cause.stage, "crash"
+    if crash:
+        _crash_proven(summary, cause)
+        if summary.quantity in (None, "crash"):
+            summary.stage, summary.quantity = cause.stage, "crash"
     elif summary.stage is None:   # no audit measured a wrong quantity: the proof names the stage
         summary.stage, summary.quantity = cause.stage, "replacement"
+
+
+def _crash_proven(summary: CheckSummary, cause) -> None:
+    """The crashed step is the run's first divergence: its stage proven by the replacement that made it run and
+    match the oracle (a `crash` first divergence becomes a `proven-crash` one; the crash record stays)."""
+    from harness.check.crash import PROVEN_CRASH, proven_crash_detail
+    c = summary.crash or {}
+    detail = proven_crash_detail(cause.step, c.get("error") or "?", c.get("where") or "?", cause.stage,
+                                 cause.replaced_by, cause.error_after)
+    summary.first = FirstDivergence(cause.step, -1, -1, None, False, None, PROVEN_CRASH, detail)
 
 
 def _with_proof(explanation: str | None, proof: str) -> str:

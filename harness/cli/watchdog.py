@@ -124,8 +124,15 @@ def add_proof(summary: dict, rerun: dict | None) -> None:
                                 "step": None, "error_before": None, "error_after": after, "correct": correct,
                                 "note": "the killed run rerun in a new process", "sentence": sentence}]
     summary["explanation"] = f"{summary['explanation']}; proven by replacement: {sentence}"
-    if correct:
+    if correct:   # the step it died in is a divergence of the attention stage (harness/check/crash.py PROVEN_CRASH)
+        from harness.check.crash import PROVEN_CRASH, proven_crash_detail
         summary["stage"], summary["quantity"] = "attention", "crash"
+        crash = summary.get("crash") or {}
+        detail = proven_crash_detail(None, crash.get("error") or "?", crash.get("where") or "?", "attention",
+                                     "a float64 softmax of the same inputs, from the start, in a new process", after)
+        summary["first"] = {**(summary.get("first") or {"step": -1, "request": -1, "node": -1, "depth": None,
+                                                          "padding_present": False, "rel_err": None}),
+                            "what": PROVEN_CRASH, "detail": detail}
 
 
 def run_in_child(argv: list[str]) -> int:

@@ -213,7 +213,10 @@ def test_a_kernel_call_that_kills_its_process_is_an_engine_crash_with_a_summary(
     assert line.startswith("ddcheck: the engine under test: the process died by SIG"), line
     assert "harness/engine/attn/sglang_unified.py:" in line
     crash, summary = [json.loads(x) for x in out.read_text().splitlines()]
-    assert crash["side"] == "engine" and summary["verdict"] == "diverge" and summary["first"]["what"] == "crash"
+    assert crash["side"] == "engine" and summary["verdict"] == "diverge"
+    # a divergence of the step it died in where the run again with a float64 attention runs and matches
+    proven = any(x["correct"] for x in summary.get("replacements") or ())
+    assert summary["first"]["what"] == ("proven-crash" if proven else "crash"), summary["first"]
     assert summary["while"] == "running"
 
 
