@@ -103,6 +103,10 @@ def test_a_killed_process_whose_rerun_crashes_or_diverges_stays_a_crash(rerun):
     assert summary["first"]["what"] == "crash"
 
 
+def _tree_raises(root, draft_logprobs, budget, topk):
+    raise IndexError("list index out of range")
+
+
 def _mask_raises(trees, prefix_lens):
     raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
 
@@ -112,10 +116,11 @@ def _inputs_raise(*args, **kwargs):
 
 
 @pytest.mark.parametrize("stages, proven_stage, tried", [
-    (dict(build_mask=_mask_raises), "mask", ["mask"]),
-    (dict(build_verify_batch=_inputs_raise), "verify inputs", ["mask", "verify inputs"]),
+    (dict(build_tree=_tree_raises), "tree build", ["tree build"]),
+    (dict(build_mask=_mask_raises), "mask", ["tree build", "mask"]),
+    (dict(build_verify_batch=_inputs_raise), "verify inputs", ["tree build", "mask", "verify inputs"]),
 ])
-def test_a_crash_of_the_mask_or_the_verify_inputs_is_proven_by_their_independent_output(base, stages, proven_stage,
+def test_a_crash_of_the_tree_the_mask_or_the_verify_inputs_is_proven_by_their_independent_output(base, stages, proven_stage,
                                                                                          tried):
     """Each stage replaced from the start by its output rebuilt from the trees and token ids: the stage that
     crashed is the first whose replacement makes the step run and match; one upstream of it does not."""

@@ -19,7 +19,8 @@ step correct is the cause.
                   the step through every K/V its earlier forwards wrote)
 
 A crash of the engine under test has its own rungs, each replacing a stage
-from the start of the run: the mask by masks from each tree's ancestors, the
+from the start of the run: the tree by the oracle's own best-first build
+from the same drafts, the mask by masks from each tree's ancestors, the
 verify inputs by batches laid out from the trees and token ids (as above),
 the graph replay by the eager forward (graph runs only), the attention kernel
 by the float64 attention; when the replaced run reaches the crashed step and
@@ -90,12 +91,14 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
 
 
 def prove_crash(p, step: int) -> list[Replacement]:
-    """The crash rungs, each from the start of the run: the mask stage -> masks from each tree's ancestors, the
+    """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
+    the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, graph replay -> eager (graph runs
     only), attention kernel -> float64. A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
-    rungs = [("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
+    rungs = [("tree build", "the oracle's best-first build from the same drafts", None, _oracle_tree_throughout),
+             ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
              ("verify inputs", "batches laid out from the trees and token ids", None,
               _independent_verify_inputs_throughout)]
     if p.settings.cuda_graph:
@@ -219,6 +222,15 @@ def rebuild_committed(engine) -> None:
 
 
 # -- verify inputs -------------------------------------------------------------------------------------------------
+
+def _oracle_tree_throughout(q, step: int):
+    def install(engine) -> None:
+        def build_tree(root: int, draft_logprobs, budget: int, topk: int) -> DraftTree:
+            ref = q.oracle.draft_tree(int(root), draft_logprobs, budget, topk)
+            return DraftTree(tuple(ref.tokens), (None, *ref.parents[1:]), tuple(ref.depths), engine.q_len)
+        engine.pipeline = replace(engine.pipeline, build_tree=build_tree)
+    return install
+
 
 def _independent_mask_throughout(q, step: int):
     def install(engine) -> None:
