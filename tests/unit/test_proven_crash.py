@@ -167,3 +167,9 @@ def test_a_commit_that_crashes_at_a_later_step_is_proven_over_the_rebuilt_cache(
     s, _ = _run(base, commit=commit_then_raise)
     assert s.crash["step"] == 0 and s.first.what == PROVEN_CRASH and s.first.step == 1, (s.crash, s.first)
     assert s.stage == "commit" and s.replacements[-1]["stage"] == "commit", s.replacements
+
+
+def test_the_reducer_keeps_a_proven_crash_and_its_crash_as_one_failure():
+    from harness.workflows.reduce import failure_kind
+    assert failure_kind("proven-crash", 0) == failure_kind("crash", 0) == "crash"
+    assert failure_kind("node", 0) == "node"
