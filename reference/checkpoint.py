@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, RopeScaling, weight_shapes
+from ddschema.config import ModelConfig, RopeScaling
 from reference.deepseek_config import DEEPSEEK_V3, read_deepseek_config
-from reference.names import weight_names
+from reference.names import mla_moe_shapes, weight_names
 from reference.gemma3 import GEMMA3, read_gemma3_config
 
 
@@ -220,7 +220,7 @@ def with_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], directory
     missing = [n for n in weight_names(cfg) if n not in shapes]
     if missing and not keep_missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
-    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if n in shapes and tuple(shapes[n]) != s]
+    wrong = [(n, s) for n, s in mla_moe_shapes(cfg).items() if n in shapes and tuple(shapes[n]) != s]
     if wrong:
         raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(shapes[wrong[0][0]])}, "
                                 f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, weight_names
+from ddschema.config import ModelConfig
 from reference.checkpoint import (SAFETENSORS_DTYPES, CheckpointRefused, read_checkpoint_config, read_header,
                                   with_tensors)
+from reference.names import weight_names
 
 INDEX = "model.safetensors.index.json"
 READ_CHUNK = 64 << 20   # a large tensor's bytes are read in chunks of this size by several threads at once

@@ -18,6 +18,21 @@ def test_the_oracle_names_agree_with_the_schema_on_every_preset():
         assert names.weight_names(cfg) == ddschema.config.weight_names(cfg), name
 
 
+def test_the_oracle_derives_mla_and_moe_shapes_itself_and_agrees_with_the_schema():
+    """reference/names.py's shapes, from the config alone, equal the schema's on every preset (the MLA and MoE
+    presets list 43 to 121 tensors); no module of reference/ takes names or shapes from the schema."""
+    import pathlib
+    checked = 0
+    for name, cfg in PRESETS.items():
+        assert names.mla_moe_shapes(cfg) == ddschema.config.weight_shapes(cfg), name
+        checked += len(names.mla_moe_shapes(cfg))
+    assert checked > 200
+    src = pathlib.Path(names.__file__).parent
+    for f in src.glob("*.py"):
+        text = f.read_text()
+        assert "weight_shapes" not in text and "config import ModelConfig, weight_names" not in text, f.name
+
+
 def _misnamed(cfg):
     return [n.replace("post_attention_layernorm", "post_attn_layernorm") for n in _schema(cfg)]
 
