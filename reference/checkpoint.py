@@ -22,6 +22,7 @@ from ddschema.config import ModelConfig, RopeScaling
 from reference.deepseek_config import DEEPSEEK_V3, read_deepseek_config
 from reference.names import mla_moe_shapes, weight_names
 from reference.gemma3 import GEMMA3, read_gemma3_config
+from reference.own_config import own_config
 
 
 class CheckpointRefused(ValueError):
@@ -173,7 +174,7 @@ def read_llama_family_config(hf: dict, arch: str) -> ModelConfig:
     try:
         heads = int(hf["num_attention_heads"])
         window, sliding = sliding_window_of(hf, arch, int(hf["num_hidden_layers"]))
-        return ModelConfig(
+        return own_config(
             vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
             intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
             num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
