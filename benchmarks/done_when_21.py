@@ -63,6 +63,7 @@ def run_targeted(tree: Path, m: dict) -> dict:
                                  for x in s.get("replacements") or []],
                    stderr=r.stderr_tail if r.exit not in (0, 1) else "")
         row["diverged"] = r.exit == 1 and first.get("what") != "crash"
+        row["proven_crash"] = first.get("what") == "proven-crash"   # a divergence whose evidence is a crash
         if r.exit != 0:
             break
     return row

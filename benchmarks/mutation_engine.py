@@ -5,7 +5,9 @@ benchmarks/mutation_truth.toml; a stratified sample of them is applied, one
 per private copy of the working tree (`cosmic-ray apply`), and judged by
 ddcheck itself on a fixed quick matrix (never by the unit tests):
 
-  caught      a setting diverged (exit 1, the first divergence no crash)
+  caught      a setting diverged (exit 1, the first divergence no bare crash): a wrong value, or a proven
+              crash (the engine crashed at a step that one stage's replacement makes run and match the oracle;
+              tallied apart as caught_by_proven_crash)
   crash-only  the engine under test crashed (or refused its input, or died by a signal), nothing diverged
   no-judge    ddcheck could not judge (exit 3); an internal error of ddcheck is flagged on its own
   timeout     a setting ran past the per-run cap
@@ -38,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
-from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, in_annotation,
+from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, in_annotation,
                               markdown, mutant_outcome, operator_family, score_explanation, setting_outcome,
                               stratified_sample, tally, totals)
 
@@ -132,6 +134,7 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
                 break
         row = json.loads(without_machine_paths(json.dumps(row), d))
     row["outcome"] = mutant_outcome(runs, baseline)
+    row["caught_by"] = caught_by(runs)   # divergence | proven-crash | None
     if row["outcome"] == "caught":
         row["explanation_score"] = score_explanation(truth, row["expected_stage"], row["stage"])
     return row

@@ -98,12 +98,18 @@ class SettingRun:
     fingerprint: str | None     # the engine's outputs (mutation_common.engine_outputs)
 
 
+# the summary's first divergence of a crash whose stage a replacement proved (harness/check/crash.py PROVEN_CRASH):
+# the crashed step rerun with that stage replaced runs and matches the oracle. A divergence, counted as caught,
+# and tallied apart (caught_by_proven_crash) so the figures say how many were value divergences
+PROVEN_CRASH = "proven-crash"
+
+
 def setting_outcome(r: SettingRun) -> str:
     if r.exit == 0:
         return "pass"
     if r.exit == 124:
         return "timeout"
-    if r.exit == 1 and r.what != "crash" and r.has_summary:
+    if r.exit == 1 and r.what != "crash" and r.has_summary:   # a value divergence, or a proven crash
         return "caught"
     if r.exit == 3 or r.internal_error:
         return "no-judge"
@@ -121,6 +127,15 @@ def mutant_outcome(runs: list[SettingRun], baseline: list[str | None]) -> str:
     if len(runs) == len(baseline) and all(r.fingerprint == b for r, b in zip(runs, baseline)):
         return "equivalent"
     return "survived"
+
+
+def caught_by(runs: list[SettingRun]) -> str | None:
+    """How the first setting that caught the mutant caught it: `proven-crash` (the engine crashed and a stage's
+    replacement made the step run and match) or `divergence` (a wrong value); None when none caught it."""
+    first = next((r for r in runs if setting_outcome(r) == "caught"), None)
+    if first is None:
+        return None
+    return PROVEN_CRASH if first.what == PROVEN_CRASH else "divergence"
 
 
 def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
@@ -167,35 +182,46 @@ def operator_family(operator: str) -> str:
     return operator.split("/")[-1].split("_")[0]
 
 
+BY_PROVEN_CRASH = "caught_by_proven_crash"
+
+
 def tally(rows: list[dict], key: str) -> dict[str, dict[str, int]]:
     """Per KEY value: how many mutants ended in each outcome, and how the caught ones' explanations scored."""
     out: dict[str, dict[str, int]] = {}
     for r in rows:
-        t = out.setdefault(r[key], {**{o: 0 for o in OUTCOMES}, **{s: 0 for s in SCORES}, "internal_errors": 0})
+        t = out.setdefault(r[key], {"caught": 0, BY_PROVEN_CRASH: 0, **{o: 0 for o in OUTCOMES},
+                                    **{s: 0 for s in SCORES}, "internal_errors": 0})
         t[r["outcome"]] += 1
         if r["outcome"] == "caught":
             t[r["explanation_score"]] += 1
+            t[BY_PROVEN_CRASH] += r.get("caught_by") == PROVEN_CRASH   # rows before proven crashes: none
         t["internal_errors"] += int(r["internal_error"])
     return dict(sorted(out.items()))
 
 
 def totals(rows: list[dict]) -> dict:
     """The issue's figures: over behaviour-changing mutants (all but equivalent), the share caught as a
-    divergence and not judged; over caught ones, the explanations right / unknown / wrong."""
+    divergence (of them, how many by a wrong value and how many by a proven crash) and not judged; over caught
+    ones, the explanations right / unknown / wrong."""
     t = tally([{**r, "all": "all"} for r in rows], "all").get("all", {})
     changing = len(rows) - t.get("equivalent", 0)
     caught = t.get("caught", 0)
     share = (lambda k, n: round(t.get(k, 0) / n, 4) if n else None)
+    t["caught_by_value_divergence"] = caught - t.get(BY_PROVEN_CRASH, 0)
     return {"mutants": len(rows), "behaviour_changing": changing, **{o: t.get(o, 0) for o in OUTCOMES},
-            "internal_errors": t.get("internal_errors", 0),
-            "caught_share": share("caught", changing), "no_judge_share": share("no-judge", changing),
+            "caught_by_value_divergence": t["caught_by_value_divergence"],
+            BY_PROVEN_CRASH: t.get(BY_PROVEN_CRASH, 0), "internal_errors": t.get("internal_errors", 0),
+            "caught_share": share("caught", changing),
+            "caught_by_value_divergence_share": share("caught_by_value_divergence", changing),
+            "caught_by_proven_crash_share": share(BY_PROVEN_CRASH, changing),
+            "no_judge_share": share("no-judge", changing),
             **{f"explained_{s}": t.get(s, 0) for s in SCORES},
             **{f"explained_{s}_share": share(s, caught) for s in SCORES}}
 
 
 def markdown(per: dict[str, dict[str, int]], key: str) -> str:
     """A tally as a markdown table (docs/MUTATIONS.md's per-module and per-operator tables)."""
-    cols = (*OUTCOMES, *SCORES, "internal_errors")
+    cols = ("caught", BY_PROVEN_CRASH, *OUTCOMES[1:], *SCORES, "internal_errors")
     lines = [f"| {key} | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
              "| --- |" + " --- |" * len(cols)]
     lines += [f"| {k} | " + " | ".join(str(t[c]) for c in cols) + " |" for k, t in per.items()]

@@ -90,6 +90,53 @@ CRASH_STAGES = (("harness/engine/graph.py", "graph"), ("harness/engine/serving_g
                 ("harness/engine/mem/", "commit"))
 
 
+# the first divergence of a run whose engine crashed at a step that a stage's replacement makes run and match the
+# oracle (harness/check/localize/stage_swap.py, harness/cli/watchdog.py): a divergence of that step, the crash its
+# evidence; an unproven crash stays a `crash`
+PROVEN_CRASH = "proven-crash"
+
+
+def proven_crash_detail(step: int | None, error: str, where: str, stage: str, replaced_by: str,
+                        error_after: float | None) -> str:
+    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof."""
+    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
+    after = "" if error_after is None else f" (error {error_after:.3g}x its bound)"
+    return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
+            f"{replaced_by} the step runs and matches the oracle{after}")
+
+
+KILLED_RERUN = "a float64 softmax of the same inputs, from the start, in a new process"
+
+
+def prove_killed(summary: dict, rerun: dict | None) -> None:
+    """A killed run's summary (harness/cli/watchdog.py, harness/workflows/worker_deaths.py) with the outcome of
+    the same run again in a new process with its attention replaced by a float64 softmax from the start
+    (`rerun`: its summary; None: none came back) as its replacement. When the rerun ends without a crash and
+    matches the oracle, the attention kernel is proven the stage and the death is a divergence (PROVEN_CRASH)."""
+    if rerun is None:
+        return
+    correct = rerun.get("verdict") == "pass" and not rerun.get("crash")
+    bound = rerun.get("max_noise_ratio") or ((rerun.get("max_rel_err") or 0.0) / (rerun.get("tolerance") or 1.0))
+    after = None if rerun.get("crash") else bound
+    said = ("correct: the cause" if correct else
+            "still " + ("crashed" if rerun.get("crash") else "diverging") + f" ({rerun.get('verdict')})")
+    sentence = (f"attention replaced by {KILLED_RERUN}: the run crashed -> "
+                f"{'crashed' if after is None else f'error {after:.3g}x its bound'} ({said})")
+    summary["replacements"] = [{"stage": "attention", "replaced_by": "a float64 softmax of the same inputs",
+                                "step": None, "error_before": None, "error_after": after, "correct": correct,
+                                "note": "the killed run rerun in a new process", "sentence": sentence}]
+    summary["explanation"] = f"{summary.get('explanation')}; proven by replacement: {sentence}"
+    if not correct:
+        return
+    summary["stage"], summary["quantity"] = "attention", "crash"
+    crash = summary.get("crash") or {}
+    detail = proven_crash_detail(None, crash.get("error") or "?", crash.get("where") or "?", "attention",
+                                 KILLED_RERUN, after)
+    summary["first"] = {**(summary.get("first") or {"step": -1, "request": -1, "node": -1, "depth": None,
+                                                      "padding_present": False, "rel_err": None}),
+                        "what": PROVEN_CRASH, "detail": detail}
+
+
 def crash_stage(crash: Crash) -> str | None:
     """The stage whose file the engine's innermost frame is in (None: not the engine's, or its loop's own code).
     A KeyError on a checkpoint tensor name, met by the model's forward, is the loader's: the weights it

@@ -192,17 +192,29 @@ def _note_prefix(summary: CheckSummary, n: int) -> None:
 
 
 def _load_divergence(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:
+    return _load_divergence_of(p.settings, p.load_mismatches, summary, writer)
+
+
+def _load_divergence_of(s: RunSettings, mismatches, summary: CheckSummary, writer: RecordWriter) -> CheckSummary:
     """The engine's parsed checkpoint differs from the oracle's own reading:
     one `load` record per key or tensor, the summary names the first."""
-    for m in p.load_mismatches:
+    for m in mismatches:
         writer.write({**asdict(m), "setting": summary.setting, "verdict": "diverge"})
-    first = p.load_mismatches[0]
-    summary.load_mismatches = len(p.load_mismatches)
+    first = mismatches[0]
+    summary.load_mismatches = len(mismatches)
     summary.first = FirstDivergence(-1, -1, -1, None, False, None, first.what)
-    summary.fault_class, summary.explanation = first.what, explain_load(list(p.load_mismatches))
+    summary.fault_class, summary.explanation = first.what, explain_load(list(mismatches))
     summary.stage, summary.quantity = "load", first.what   # the loader produced the first wrong quantity
-    writer.write(summary_record(p.settings, summary))
+    writer.write(summary_record(s, summary))
     return summary
+
+
+def write_load_divergence(s: RunSettings, writer: RecordWriter, mismatches) -> CheckSummary:
+    """The engine's loader raised on a checkpoint the oracle read (check/load_agreement.py LoadDivergence): the
+    load records and a failing summary, no engine built, no step run."""
+    if writer.run_id is None:
+        writer.begin_run()
+    return _load_divergence_of(s, tuple(mismatches), CheckSummary(setting=s.command()), writer)
 
 
 def write_crash_summary(s: RunSettings, writer: RecordWriter, e: Exception) -> CheckSummary:
@@ -610,10 +622,22 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
         return
     summary.explanation = _with_proof(summary.explanation, f"proven by replacement (tried {tried}): "
                                                            f"{cause.sentence()}")
-    if crash and summary.quantity in (None, "crash"):
-        summary.stage, summary.quantity = cause.stage, "crash"
+    if crash:
+        _crash_proven(summary, cause)
+        if summary.quantity in (None, "crash"):
+            summary.stage, summary.quantity = cause.stage, "crash"
     elif summary.stage is None:   # no audit measured a wrong quantity: the proof names the stage
         summary.stage, summary.quantity = cause.stage, "replacement"
+
+
+def _crash_proven(summary: CheckSummary, cause) -> None:
+    """The crashed step is the run's first divergence: its stage proven by the replacement that made it run and
+    match the oracle (a `crash` first divergence becomes a `proven-crash` one; the crash record stays)."""
+    from harness.check.crash import PROVEN_CRASH, proven_crash_detail
+    c = summary.crash or {}
+    detail = proven_crash_detail(cause.step, c.get("error") or "?", c.get("where") or "?", cause.stage,
+                                 cause.replaced_by, cause.error_after)
+    summary.first = FirstDivergence(cause.step, -1, -1, None, False, None, PROVEN_CRASH, detail)
 
 
 def _with_proof(explanation: str | None, proof: str) -> str:

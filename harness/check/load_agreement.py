@@ -30,6 +30,17 @@ class LoadMismatch:
             raise ValueError(f"a load mismatch is about config or weights, not {self.what!r}")
 
 
+class LoadDivergence(Exception):
+    """The engine's loader raised on a checkpoint the oracle read (harness/check/prepare.py): a load
+    divergence, judged against the oracle's reading with no engine built, not a refusal or a crash."""
+
+    def __init__(self, mismatches: tuple[LoadMismatch, ...]) -> None:
+        if not mismatches:
+            raise ValueError("a load divergence names at least one mismatch")
+        super().__init__(mismatches[0].detail)
+        self.mismatches = tuple(mismatches)
+
+
 def compare_config(engine: ModelConfig, oracle: ModelConfig) -> list[LoadMismatch]:
     out = []
     for f in fields(ModelConfig):

@@ -18,8 +18,8 @@ from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
 from harness.verdict.noise_floor import NoiseFloorRule, planned_nodes, verdict_rule
 from harness.verdict.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
-from harness.check.load_agreement import LoadMismatch, compare_loaded
-from harness.engine.model.presets import ModelLoadError, checkpoint_dir, load_checkpoint
+from harness.check.load_agreement import LoadDivergence, LoadMismatch, compare_loaded
+from harness.engine.model.presets import PRESETS, ModelLoadError, checkpoint_dir, load_checkpoint
 from harness.check.oracle_lookup import OracleUnavailable, load_oracle_class
 from harness.check.oracle_placement import OraclePlan, decide, place_weights
 from harness.ports.attach import PortRun, attach_port
@@ -125,7 +125,13 @@ def load(s: RunSettings) -> Loaded:
     phases: dict[str, float] = {}
     with checkpoint_dir(s.model, s.seed, s.sliding_window) as directory:  # a preset is written out: both sides read files
         with timed_phase(phases, "engine_load"):
-            cfg, weights = load_checkpoint(directory)
+            try:
+                cfg, weights = load_checkpoint(directory)
+            except Exception as e:  # noqa: BLE001  (a divergence where the oracle reads what the engine could not)
+                divergence = loader_divergence(s, directory, e)
+                if divergence is None:
+                    raise
+                raise divergence from e
             weights = place_weights(weights, s.device)   # checkpoint dtype, on the run's device
             check_finite_weights(weights, s.model)
         plan = decide(s, weights)
@@ -135,6 +141,30 @@ def load(s: RunSettings) -> Loaded:
     with timed_phase(phases, "load_agreement"):
         load_mismatches = tuple(compare_loaded(cfg, weights, oracle))
     return Loaded(load_key(s), cfg, weights, oracle, plan.device, load_mismatches, phases, tokenizer, plan)
+
+
+def loader_divergence(s: RunSettings, directory, e: Exception) -> LoadDivergence | None:
+    """The engine's loader raised E on DIRECTORY: a load divergence when its code raised and the oracle reads the
+    same checkpoint; None (E stands) otherwise, or when the engine refused a checkpoint that is not a preset
+    (a user's checkpoint the engine does not support is a usage error, whatever the oracle reads)."""
+    from harness.check.crash import attribute
+    crash = attribute(e)
+    if crash.side != "engine" or (isinstance(e, ModelLoadError) and s.model not in PRESETS):
+        return None
+    try:
+        load_oracle_from(directory, s.model, "cpu", "dense" if s.model in PRESETS else "streamed")
+    except Exception:  # noqa: BLE001  (the oracle cannot read it either: the checkpoint's, not the loader's)
+        return None
+    from harness.engine.model import presets
+    what, key = "weights", "*.safetensors"
+    try:
+        presets.read_config(directory)
+    except Exception:  # noqa: BLE001  (the engine's config reading is what raised)
+        what, key = "config", "config.json"
+    error = crash.error.replace(str(directory), "<checkpoint>")   # no temporary path in a record
+    return LoadDivergence((LoadMismatch(what, key, f"raised {error}", "read it",
+                                        f"{key}: the engine's loader raised {error} at {crash.where}; the oracle "
+                                        "read the same checkpoint"),))
 
 
 def read_tokenizer(directory):

@@ -15,6 +15,7 @@ from harness.check.stop import STOP_EXITS, RunStopped, stoppable
 
 from harness.check.summary import CheckSummary
 
+from harness.check.load_agreement import LoadDivergence
 from harness.check.prepare import prepare
 from harness.ports.attach import SettingSkipped
 from harness.cli.app import app
@@ -145,6 +146,9 @@ def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path
     except SettingSkipped as e:
         take_or_fail(claim)
         skipped(s, path, e)
+    except LoadDivergence as e:   # the engine's loader raised on a checkpoint the oracle read: a divergence
+        take_or_fail(claim)
+        load_diverged(s, RecordWriter(path), e)
     except USAGE_ERRORS as e:
         fail_usage(e)
     except typer.Exit:   # a side-by-side run ends the command itself
@@ -223,6 +227,15 @@ def crash_line(crash: dict, summary: CheckSummary, path: Path) -> str:
         return (f"ddcheck: the port under test raised {crash['error']} at {crash['where']} in its own code, under "
                 f"SGLang {crash.get('sglang')}{before}{verdict} (records: {path})")
     return f"ddcheck: the engine under test raised {crash['error']} at {crash['where']}{before} (records: {path})"
+
+
+def load_diverged(s: RunSettings, writer: RecordWriter, e: LoadDivergence) -> NoReturn:
+    """The engine's loader raised on a checkpoint the oracle read: the load records, a failing summary, exit 1."""
+    from harness.check.differential import write_load_divergence
+    summary = write_load_divergence(s, writer, e.mismatches)
+    writer.commit()
+    print_summary(Console(), summary, writer.path)
+    raise typer.Exit(exit_code(summary))
 
 
 def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:

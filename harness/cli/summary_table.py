@@ -66,7 +66,7 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("first divergence", "none")
     elif f.what == "accept":
         t.add_row("first divergence", f"step {f.step}, request {f.request}: the acceptance stages disagree")
-    elif f.what in ("tree", "accept-ref", "crash"):
+    elif f.what in ("tree", "accept-ref", "crash", "proven-crash"):
         t.add_row("first divergence", f"{f.what}: {f.detail}")
     elif f.what == "provenance":
         t.add_row("first divergence", f"step {f.step}, request {f.request}, KV provenance: {f.detail}")

@@ -109,23 +109,9 @@ def replaced_rerun(argv: list[str]) -> dict | None:
 
 
 def add_proof(summary: dict, rerun: dict | None) -> None:
-    """The killed run's summary with the rerun's outcome as its replacement: when the run with the float64
-    attention ends without a crash and matches the oracle, the attention kernel is proven the stage."""
-    if rerun is None:
-        return
-    correct = bool(rerun.get("passed"))
-    bound = rerun.get("max_noise_ratio") or ((rerun.get("max_rel_err") or 0.0) / (rerun.get("tolerance") or 1.0))
-    after = None if rerun.get("crash") else bound
-    said = ("correct: the cause" if correct else
-            "still " + ("crashed" if rerun.get("crash") else "diverging") + f" ({rerun.get('verdict')})")
-    sentence = (f"attention replaced by a float64 softmax of the same inputs, from the start, in a new process: "
-                f"the run crashed -> {'crashed' if after is None else f'error {after:.3g}x its bound'} ({said})")
-    summary["replacements"] = [{"stage": "attention", "replaced_by": "a float64 softmax of the same inputs",
-                                "step": None, "error_before": None, "error_after": after, "correct": correct,
-                                "note": "the killed run rerun in a new process", "sentence": sentence}]
-    summary["explanation"] = f"{summary['explanation']}; proven by replacement: {sentence}"
-    if correct:
-        summary["stage"], summary["quantity"] = "attention", "crash"
+    """The killed run's summary with the rerun's outcome as its replacement (harness/check/crash.py prove_killed)."""
+    from harness.check.crash import prove_killed
+    prove_killed(summary, rerun)
 
 
 def run_in_child(argv: list[str]) -> int:

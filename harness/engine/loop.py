@@ -292,7 +292,8 @@ class Engine:
         r2t = self.req_pool.req_to_token.cpu()
         committed = {int(sl): (r.rid, j) for r in self.requests if not r.finished
                      for j, sl in enumerate(r2t[r.req_pool_idx, :r.seq_len].tolist())}
-        found = prov.check_writes(step, loc, owners, pos, self.pool.allocator.owned, committed)
+        owned = frozenset(self.pool.allocator.owned)   # the allocator's slots as a set: its own raise if not one
+        found = prov.check_writes(step, loc, owners, pos, owned, committed)
         prov.stamp(loc, owners, pos, ids)
         kvp, kv = meta.kv_indptr.tolist(), meta.kv_indices.cpu()
         for b, r in enumerate(active):

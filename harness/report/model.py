@@ -191,6 +191,8 @@ def describe_first(summary: dict) -> str:
     if summary.get("error") and (not f or f.get("what") == "crash"):
         where = f" at {crash['where']}" if crash.get("where") else ""
         return f"crash ({crash.get('side', 'engine')}): {summary['error']}{where}"
+    if f and f.get("what") == "proven-crash":   # the crash is the divergence's evidence, said in its detail
+        return f"step {f['step']}: {f['detail']}" if f.get("step", -1) >= 0 else f["detail"]
     if f and crash:   # the divergence came first; the crash after it is said too
         return f"{describe_first({k: v for k, v in summary.items() if k not in ('crash', 'error')})}; then " \
                f"crash ({crash.get('side')}): {crash.get('error')}"

@@ -133,7 +133,8 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     exception inside the engine is a failing setting (a crash is a finding).
     loads: a harness.check.prepare.LoadCache the caller's settings share (one
     reading of a checkpoint for consecutive settings of the same model)."""
-    from harness.check.differential import check, write_crash_summary
+    from harness.check.differential import check, write_crash_summary, write_load_divergence
+    from harness.check.load_agreement import LoadDivergence
     from harness.check.summary import CheckSummary, summary_record
     from harness.check.prepare import LoadCache
     from harness.check.prepare import USAGE_ERRORS
@@ -148,6 +149,9 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
         writer.write({**summary_record(s, CheckSummary(setting=s.command())), "skipped": str(e)})
         return SettingResult(job.index, s.command(), json.loads(writer.lines[-1]), None, tuple(writer.lines),
                              time.perf_counter() - t0)
+    except LoadDivergence as e:   # the engine's loader raised on a checkpoint the oracle read: a divergence
+        prepared = None
+        write_load_divergence(s, writer, e.mismatches)
     except USAGE_ERRORS as e:
         return SettingResult(job.index, s.command(), {}, None, (), time.perf_counter() - t0, str(e))
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)

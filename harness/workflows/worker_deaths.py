@@ -51,7 +51,8 @@ def run_pool_surviving_deaths(ordered: list, n_jobs: int, run: Callable, done: C
                     result = f.result()
                 except BrokenProcessPool:   # the lane's one worker died running this job
                     with open(dump) as d:
-                        result = died_result(job, d.read(), time.perf_counter() - t0, make_result)
+                        result = died_result(job, d.read(), time.perf_counter() - t0, make_result,
+                                             lambda: replaced_rerun(run, job, initializer))
                     lanes[i].shutdown(wait=False)
                     lanes[i] = lane()
                 finally:
@@ -78,9 +79,31 @@ def _with_fault_dump(run, job, dump: str):
             faulthandler.disable()
 
 
-def died_result(job, dump: str, wall_s: float, make_result: Callable):
-    """The result of a setting whose process died: a crash record and a failing summary."""
-    from harness.check.crash import Crash, crash_stage, project_path, side_of
+def replaced_rerun(run: Callable, job, initializer: Callable | None = None) -> dict | None:
+    """The job again in a fresh one-worker process with its attention replaced by a float64 softmax from the
+    start (harness/engine/attn/exact.py REPLACE_STAGE_ENV): its summary, or None (it died too, or raised)."""
+    pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"), initializer=initializer)
+    try:
+        result = pool.submit(_with_replaced_attention, run, job).result()
+    except Exception:  # noqa: BLE001  (a rerun that dies or raises proves nothing)
+        return None
+    finally:
+        pool.shutdown(wait=False)
+    summary = result.get("summary") if isinstance(result, dict) else getattr(result, "summary", None)
+    return summary or None
+
+
+def _with_replaced_attention(run, job):
+    from harness.engine.attn.exact import REPLACE_STAGE_ENV
+    os.environ[REPLACE_STAGE_ENV] = "attention"   # this worker process runs only the rerun
+    return run(job)
+
+
+def died_result(job, dump: str, wall_s: float, make_result: Callable, rerun: Callable[[], dict | None] | None = None):
+    """The result of a setting whose process died: a crash record and a failing summary; for a death in the
+    engine's code, `rerun()` (the job with its attention replaced, its summary) proves or not the attention
+    stage (harness/check/crash.py prove_killed)."""
+    from harness.check.crash import Crash, crash_stage, project_path, prove_killed, side_of
     side, where = "ddcheck", None
     for m in FRAME.finditer(dump):   # most recent call first
         found = side_of(m["file"])
@@ -100,5 +123,7 @@ def died_result(job, dump: str, wall_s: float, make_result: Callable):
                "crash": crash.brief(), "error": crash.error, "fault_class": "crash" if engine else None,
                "explanation": (f"The {stage} stage crashed: " if stage else "") + crash.sentence(),
                "stage": stage, "quantity": "crash" if stage else None}
+    if engine and rerun is not None:
+        prove_killed(summary, rerun())
     lines = (json.dumps(crash.record(setting)), json.dumps(summary))
     return make_result(job.index, setting, summary, lines, wall_s)

@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from mutation_common import fingerprint  # noqa: E402
-from mutation_judging import (Mutant, SettingRun, Truth, annotation_spans, in_annotation, mutant_outcome,  # noqa: E402
+from mutation_judging import (Mutant, SettingRun, Truth, annotation_spans, caught_by, in_annotation,  # noqa: E402
+                              mutant_outcome,
                               operator_family, score_explanation, setting_outcome, stratified_sample, tally, totals)
 
 TRUTH = Truth.load(ROOT / "benchmarks" / "mutation_truth.toml")
@@ -28,6 +29,7 @@ def run(exit=0, what=None, summary=True, internal=False, fp="a"):
     (run(1, "node"), "caught"),
     (run(1, "stream"), "caught"),
     (run(1, "crash"), "crash-only"),          # the engine under test raised: a divergence, but no wrong value shown
+    (run(1, "proven-crash"), "caught"),       # it raised at a step a stage's replacement makes run and match
     (run(1, None, summary=False), "crash-only"),  # exit 1 with no summary (a bare traceback) is no verdict
     (run(2, None), "crash-only"),             # the engine refused its own input
     (run(-11, None, summary=False), "crash-only"),
@@ -49,6 +51,24 @@ def test_mutant_outcome_ranks_a_divergence_over_a_crash_and_compares_outputs_for
     assert mutant_outcome([run(fp="a")], base) == "survived"                # not run over the whole matrix
     with pytest.raises(ValueError):
         mutant_outcome([], base)
+
+
+def test_a_proven_crash_is_caught_and_said_apart_from_a_value_divergence():
+    base = ["a", "b"]
+    assert mutant_outcome([run(1, "crash"), run(1, "proven-crash")], base) == "caught"
+    assert caught_by([run(1, "crash"), run(1, "proven-crash")]) == "proven-crash"
+    assert caught_by([run(1, "node"), run(1, "proven-crash")]) == "divergence"
+    assert caught_by([run(1, "crash"), run(0)]) is None
+    rows = [{"module": "a", "family": "AddNot", "outcome": "caught", "caught_by": "proven-crash",
+             "explanation_score": "right", "internal_error": False},
+            {"module": "a", "family": "AddNot", "outcome": "caught", "caught_by": "divergence",
+             "explanation_score": "right", "internal_error": False},
+            {"module": "a", "family": "AddNot", "outcome": "crash-only", "caught_by": None,
+             "explanation_score": None, "internal_error": False}]
+    t = totals(rows)
+    assert (t["caught"], t["caught_by_proven_crash"], t["caught_by_value_divergence"]) == (2, 1, 1)
+    assert t["caught_by_proven_crash_share"] == round(1 / 3, 4) and t["caught_share"] == round(2 / 3, 4)
+    assert tally(rows, "module")["a"]["caught_by_proven_crash"] == 1
 
 
 def test_the_fingerprint_sees_a_logit_change_and_ignores_timings():
@@ -144,5 +164,5 @@ def test_markdown_table_of_a_tally():
     rows = [{"module": "a.py", "family": "AddNot", "outcome": "caught", "explanation_score": "right",
              "internal_error": False}]
     text = markdown(tally(rows, "module"), "module").splitlines()
-    assert text[0].startswith("| module | caught | crash-only |") and text[1].startswith("| --- |")
-    assert text[2] == "| a.py | 1 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | 0 |"
+    assert text[0].startswith("| module | caught | caught by proven crash | crash-only |") and text[1].startswith("| --- |")
+    assert text[2] == "| a.py | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | 0 |"

@@ -103,7 +103,7 @@ def test_the_independent_batch_is_the_engines_on_a_correct_run(base):
 def test_a_crash_in_the_attention_kernel_is_proven_by_the_float64_attention(base):
     p = derive(base, pipeline=replace(base.engine.pipeline, attention=_RaisesOnMask))
     s = check(p, RecordWriter(None))
-    assert s.first.what == "crash"
+    assert s.first.what == "proven-crash" and s.verdict == "diverge"
     assert [(r["stage"], r["correct"]) for r in s.replacements] == [("attention", True)], s.replacements
     assert s.stage == "attention" and s.quantity == "crash" and "by replacement" in s.explanation
 

@@ -59,3 +59,34 @@ def test_a_death_in_the_engines_code_is_the_engines_crash_named_by_its_stage():
     r = died_result(_Job(7, _Settings("x")), dump, 1.0, _Died)
     assert r.summary["crash"]["side"] == "engine" and r.summary["first"]["what"] == "crash"
     assert r.summary["stage"] == "attention" and r.summary["quantity"] == "crash" and r.index == 7
+
+
+def _run_replaced(job: _Job) -> dict:   # dies as run; with the attention replaced (the rerun's env) it passes
+    from harness.engine.attn.exact import REPLACE_STAGE_ENV
+    if os.environ.get(REPLACE_STAGE_ENV) != "attention":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return {"index": job.index, "summary": {"verdict": "pass", "passed": True, "max_rel_err": 1e-7,
+                                            "tolerance": 1e-5}}
+
+
+def _run_still_dies(job: _Job) -> dict:
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+_ENGINE_DUMP = ('Fatal Python error: Segmentation fault\n\nCurrent thread 0x1 (most recent call first):\n'
+                f'  File "{ROOT}/harness/engine/attn/torch_backend.py", line 32 in forward\n')
+
+
+def test_a_dead_worker_whose_float64_attention_rerun_matches_is_a_proven_crash_of_the_attention():
+    from harness.workflows.worker_deaths import replaced_rerun
+    job = _Job(3, _Settings("x"))
+    r = died_result(job, _ENGINE_DUMP, 1.0, _Died, lambda: replaced_rerun(_run_replaced, job))
+    assert r.summary["first"]["what"] == "proven-crash" and r.summary["stage"] == "attention"
+    assert r.summary["replacements"][0]["correct"] is True
+
+
+def test_a_dead_worker_whose_rerun_dies_too_stays_a_crash():
+    from harness.workflows.worker_deaths import replaced_rerun
+    job = _Job(3, _Settings("x"))
+    r = died_result(job, _ENGINE_DUMP, 1.0, _Died, lambda: replaced_rerun(_run_still_dies, job))
+    assert r.summary["first"]["what"] == "crash" and not r.summary.get("replacements")

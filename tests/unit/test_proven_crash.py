@@ -1,0 +1,102 @@
+"""A crash of the engine under test whose stage a replacement proves (the step rerun with that stage's output
+replaced runs and matches the oracle) is a divergence of that step: the summary's first divergence is a
+`proven-crash` naming the step and the stage, the crash its evidence. A crash no replacement makes right stays a
+`crash` (issue 21: a kernel call that kills its process, a graph bucket smaller than the batch)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from harness.check.crash import PROVEN_CRASH
+from harness.check.differential import check
+from harness.check.prepare import derive, prepare
+from harness.check.records import RecordWriter
+from harness.check.summary import summary_record
+from harness.cli.watchdog import add_proof
+from harness.engine.attn.torch_backend import TorchBackend
+from harness.engine.settings import RunSettings
+
+SETTING = RunSettings(backend="torch", budget=8, topk=2, batch=2, max_new_tokens=8, stop_after=1)
+
+
+class _KernelRaisesAtStep1(TorchBackend):
+    """The verify kernel raises from its second verify call on (a batch the first never showed it)."""
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward(self, q, k, v, layer, kb, vb, meta, *args, **kwargs):
+        if meta.custom_mask is not None and layer == 0:
+            self.calls += 1
+        if meta.custom_mask is not None and self.calls > 1:
+            raise RuntimeError("an illegal memory access was encountered")
+        return self.inner.forward(q, k, v, layer, kb, vb, meta, *args, **kwargs)
+
+
+def _commit_raises(*args, **kwargs):
+    raise IndexError("index 99 is out of bounds for dimension 0 with size 2")
+
+
+@pytest.fixture(scope="module")
+def base():
+    return prepare(SETTING)
+
+
+def _run(base, **stages):
+    p = derive(base, replace(SETTING, stop_after=0), pipeline=replace(base.engine.pipeline, **stages))
+    w = RecordWriter(None)
+    s = check(p, w)
+    return s, [json.loads(x) for x in w.lines]
+
+
+def test_a_crash_the_attention_replacement_proves_is_a_divergence_of_its_step(base):
+    s, records = _run(base, attention=_KernelRaisesAtStep1)
+    assert s.crash["side"] == "engine" and s.crash["step"] == 0, s.crash   # produced step 0, raised in step 1
+    assert s.first.what == PROVEN_CRASH and s.first.step == 1, s.first
+    assert "no logits at step 1" in s.first.detail and "illegal memory access" in s.first.detail
+    assert "attention stage replaced" in s.first.detail and "matches the oracle" in s.first.detail
+    assert s.verdict == "diverge" and s.stage == "attention" and s.fault_class == "crash"
+    assert any(r["kind"] == "crash" for r in records)   # the crash record stays: the evidence
+    summary = records[-1]
+    assert summary["first"]["what"] == PROVEN_CRASH and summary["first"]["step"] == 1
+
+
+def test_a_crash_no_replacement_makes_right_stays_a_crash(base):
+    """The commit raises on every run: the float64 attention's run raises too, so nothing is proven."""
+    s, _ = _run(base, commit=_commit_raises)
+    assert s.crash["side"] == "engine"
+    assert s.replacements and not any(r["correct"] for r in s.replacements), s.replacements
+    assert s.first.what == "crash" and s.verdict == "diverge"
+
+
+def test_without_the_localizer_a_crash_stays_a_crash(base):
+    p = derive(base, pipeline=replace(base.engine.pipeline, attention=_KernelRaisesAtStep1))
+    s = check(p, RecordWriter(None), localize=False)
+    assert s.first.what == "crash" and not s.replacements
+
+
+def _killed_summary() -> dict:
+    return {"kind": "summary", "verdict": "diverge", "explanation": "the engine under test raised ...",
+            "first": {"step": -1, "request": -1, "node": -1, "depth": None, "padding_present": False,
+                      "rel_err": None, "what": "crash", "detail": "the engine under test raised ..."},
+            "crash": {"side": "engine", "where": "harness/engine/attn/torch_backend.py:33 (forward)",
+                      "error": "the process died by SIGSEGV"}, "stage": "attention", "quantity": "crash"}
+
+
+def test_a_killed_process_whose_float64_rerun_matches_is_a_proven_crash():
+    summary = _killed_summary()
+    add_proof(summary, {"passed": True, "max_rel_err": 1e-7, "tolerance": 1e-5, "verdict": "pass"})
+    assert summary["first"]["what"] == PROVEN_CRASH and summary["stage"] == "attention"
+    assert "SIGSEGV" in summary["first"]["detail"] and "matches the oracle" in summary["first"]["detail"]
+
+
+@pytest.mark.parametrize("rerun", [None, {"passed": False, "crash": {"side": "engine"}, "verdict": "diverge"},
+                                   {"passed": False, "max_rel_err": 1.0, "tolerance": 1e-5, "verdict": "diverge"}])
+def test_a_killed_process_whose_rerun_crashes_or_diverges_stays_a_crash(rerun):
+    summary = _killed_summary()
+    add_proof(summary, rerun)
+    assert summary["first"]["what"] == "crash"
