@@ -22,11 +22,25 @@ ROOT = Path(__file__).resolve().parent.parent
 GiB = 1 << 30
 
 
+# what a tree without git leaves out of its copy (with git: what .gitignore leaves out)
+NOT_COPIED = {".git", ".venv", "__pycache__", ".pytest_cache", "build", "dist", "node_modules"}
+
+
+def tree_files(root: Path = ROOT) -> list[str]:
+    """The working tree's tracked and untracked-not-ignored files; where there is no git (a machine the tree was
+    carried to), every file under ROOT but caches, virtual environments and build outputs."""
+    try:
+        return subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, check=True,
+                              capture_output=True, text=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                      if p.is_file() and not NOT_COPIED & set(p.relative_to(root).parts)
+                      and not p.name.endswith((".pyc", ".egg-info")))
+
+
 def copy_tree(dest: Path, root: Path = ROOT) -> None:
-    """The working tree's tracked and untracked-not-ignored files (what a mutation is applied to)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=root, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for f in files:
+    """The working tree's files (tree_files: what a mutation is applied to)."""
+    for f in tree_files(root):
         src = root / f
         if src.is_file() and not f.startswith(("benchmarks/results/", "reports/")):
             (dest / f).parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,14 @@ it judged.
     PYTHONPATH=$PWD python benchmarks/mutation_engine.py --sample 120 --time-budget-s 2700 \\
         --cosmic-ray /path/to/venv/bin/cosmic-ray --out benchmarks/results/mutation-engine-cpu.json
     ... --sample 0 --jobs 32     # every mutant, on a bigger machine
+
+On a machine without cosmic-ray: list and sample here, carry the diffs there (benchmarks/mutation_export.py
+applies them in plain Python to each private copy; the tree there must be the same revision):
+
+    ... --sample 400 --seed 1 --export mutants.json                     # here, with cosmic-ray
+    PYTHONPATH=$PWD python benchmarks/mutation_engine.py --from mutants.json --jobs 14 \\
+        [--shard 0/2] --out benchmarks/results/mutation-engine-big.json   # there, without it
+    ... --merge shard0.json shard1.json --out merged.json                 # shards into one results file
 """
 from __future__ import annotations
 
@@ -38,8 +46,10 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Callable
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
+from mutation_export import ExportedMutant, parse_shard, read_export, sha256, shard, unified_diff, write_export
 from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, in_annotation,
                               markdown, mutant_outcome, operator_family, score_explanation, setting_outcome,
                               stratified_sample, tally, totals)
@@ -98,9 +108,32 @@ def without_machine_paths(text: str, tree: str) -> str:
     return text
 
 
-def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, timeout_s: float,
+def cosmic_ray_apply(cosmic_ray: str, m: Mutant) -> Callable[[Path], None]:
+    """M written into a tree by `cosmic-ray apply`."""
+    def mutate(tree: Path) -> None:
+        subprocess.run([cosmic_ray, "apply", m.module, m.operator, str(m.occurrence)], cwd=tree, check=True,
+                       capture_output=True)
+    return mutate
+
+
+def export_mutants(cosmic_ray: str, mutants: list[Mutant], truth: Truth) -> list[ExportedMutant]:
+    """Each mutant as its unified diff: applied by cosmic-ray to a copy of its module alone, then undone."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="ddcheck-crexport-") as d:
+        for m in mutants:
+            f = Path(d) / m.module
+            f.parent.mkdir(parents=True, exist_ok=True)
+            before = (ROOT / m.module).read_text()
+            f.write_text(before)
+            cosmic_ray_apply(cosmic_ray, m)(Path(d))
+            out.append(ExportedMutant(m, truth.stage_of(m), unified_diff(m.module, before, f.read_text())))
+    return out
+
+
+def judge(m: Mutant, truth: Truth, baseline: list[str | None], mutate: Callable[[Path], None], timeout_s: float,
           memory: int, matrix: tuple[list[str], ...] = MATRIX) -> dict:
-    """Apply M to a private copy of the tree and run the matrix until a setting catches it."""
+    """Apply M (MUTATE writes it into a tree) to a private copy of the tree and run the matrix until a setting
+    catches it."""
     row = {"mutant": m.key, "module": m.module, "operator": m.operator, "family": operator_family(m.operator),
            "occurrence": m.occurrence, "line": m.line, "definition": m.definition,
            "expected_stage": truth.stage_of(m), "diff": None, "runs": [], "outcome": None, "internal_error": False,
@@ -110,8 +143,7 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], cosmic_ray: str, 
         tree = Path(d)
         copy_tree(tree)
         before = (tree / m.module).read_text()
-        subprocess.run([cosmic_ray, "apply", m.module, m.operator, str(m.occurrence)], cwd=tree, check=True,
-                       capture_output=True)
+        mutate(tree)
         row["diff"] = "".join(difflib.unified_diff(before.splitlines(True), (tree / m.module).read_text()
                                                    .splitlines(True), m.module, m.module, n=0))
         runs = []
@@ -156,6 +188,8 @@ def baseline_fingerprints(timeout_s: float, memory: int,
 
 def tree_revision() -> str:
     """The commit the mutants were cut from, marked when the working tree differs from it."""
+    if shutil.which("git") is None:
+        return "unknown (no git here)"
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
                            text=True).stdout.strip()
@@ -174,7 +208,7 @@ def report(rows: list[dict], meta: dict, out: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cosmic-ray", default=os.environ.get("COSMIC_RAY") or shutil.which("cosmic-ray") or "",
-                    help="the cosmic-ray 8.x executable (default: $COSMIC_RAY, else on PATH)")
+                    help="the cosmic-ray 8.x executable (default: $COSMIC_RAY, else on PATH; not with --from)")
     ap.add_argument("--sample", type=int, default=100, help="mutants to judge, stratified over modules (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated mutant keys MODULE:OPERATOR:OCCURRENCE")
@@ -185,11 +219,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mutation-engine.json"))
     ap.add_argument("--tables", metavar="JSON", help="print the per-module and per-operator tables of a results "
                     "file and exit (nothing is run)")
+    ap.add_argument("--export", metavar="FILE", help="write the sampled mutants (their diffs) as JSON and exit "
+                    "(nothing is judged)")
+    ap.add_argument("--from", dest="from_file", metavar="FILE", help="judge the mutants of an --export file, "
+                    "each diff applied in plain Python (no cosmic-ray)")
+    ap.add_argument("--shard", metavar="I/N", help="with --from: judge only the mutants whose index is I mod N")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="results files of shards into one (--out)")
     a = ap.parse_args(argv)
-    if a.tables:
+    if a.tables or a.merge:
         return a
-    if not a.cosmic_ray or not shutil.which(a.cosmic_ray):
-        ap.error("cosmic-ray 8.x not found: install the [mutate] extra (a venv of its own) and pass --cosmic-ray")
+    if a.shard and not a.from_file:
+        ap.error("--shard goes with --from")
+    if a.shard:
+        try:
+            parse_shard(a.shard)
+        except ValueError as e:
+            ap.error(str(e))
+    if a.from_file and a.export:
+        ap.error("--from judges an export; --export writes one")
+    if not a.from_file and (not a.cosmic_ray or not shutil.which(a.cosmic_ray)):
+        ap.error("cosmic-ray 8.x not found: install the [mutate] extra (a venv of its own) and pass --cosmic-ray, "
+                 "or judge an export with --from")
     if a.sample < 0 or a.jobs < 1 or a.timeout_s <= 0 or a.memory_gib <= 0:
         ap.error("--sample >= 0, --jobs >= 1, --timeout-s > 0 and --memory-gib > 0")
     return a
@@ -203,12 +253,22 @@ def print_tables(path: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = parse_args(argv)
-    if a.tables:
-        return print_tables(Path(a.tables))
-    truth, out, memory = Truth.load(TRUTH), Path(a.out).resolve(), int(a.memory_gib * GiB)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def merge(paths: list[Path], out: Path) -> int:
+    """Shards' results files as one: every row once, the totals and tallies recomputed."""
+    bodies = [json.loads(p.read_text()) for p in paths]
+    rows = list({r["mutant"]: r for b in bodies for r in b["rows"]}.values())
+    meta = {k: v for k, v in bodies[0].items() if k not in ("totals", "per_module", "per_operator", "per_stage",
+                                                             "rows", "shard", "seconds", "command")}
+    meta.update(merged=[str(p) for p in paths], commands=[b.get("command") for b in bodies],
+                seconds=[b.get("seconds") for b in bodies])
+    report(rows, meta, out)
+    print(json.dumps(totals(rows), indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def listed_and_chosen(a: argparse.Namespace, truth: Truth) -> tuple[list[Mutant], dict]:
+    """cosmic-ray's mutants, in scope, sampled (or --only); what the results say of the listing."""
     with tempfile.TemporaryDirectory(prefix="ddcheck-cr-") as d:
         listed = cosmic_ray_mutants(a.cosmic_ray, truth, Path(d))
     mutants, annotations = in_scope(listed, truth)
@@ -216,25 +276,54 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [m for m in mutants if m.key in a.only.split(",")]
     else:
         chosen = stratified_sample(mutants, a.sample or len(mutants), a.seed)
+    version = subprocess.run([a.cosmic_ray, "--version"], capture_output=True, text=True).stdout.strip()
+    return chosen, {"cosmic_ray": version, "tree": tree_revision(), "listed": len(listed), "in_scope": len(mutants),
+                    "in_annotations": annotations, "seed": a.seed}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.tables:
+        return print_tables(Path(a.tables))
+    out = Path(a.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if a.merge:
+        return merge([Path(p) for p in a.merge], out)
+    truth, memory = Truth.load(TRUTH), int(a.memory_gib * GiB)
+    args = [("cosmic-ray" if x == a.cosmic_ray else x) for x in (argv if argv is not None else sys.argv[1:])]
+    command = "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args)
+    if a.from_file:
+        listing, exported = read_export(Path(a.from_file), ROOT)
+        if a.shard:
+            exported = shard(exported, *parse_shard(a.shard))
+        work = [(e.mutant, e.apply) for e in exported]
+        listing = {k: listing.get(k) for k in ("cosmic_ray", "tree", "listed", "in_scope", "in_annotations", "seed")}
+        listing.update(exported_from=Path(a.from_file).name, shard=a.shard, tree_here=tree_revision())
+    else:
+        chosen, listing = listed_and_chosen(a, truth)
+        if a.export:
+            exported = export_mutants(a.cosmic_ray, chosen, truth)
+            write_export(Path(a.export), {**listing, "command": command, "chosen": len(exported)}, exported,
+                         {m: sha256((ROOT / m).read_text()) for m in sorted({m.module for m in chosen})})
+            print(f"wrote {len(exported)} mutants to {a.export}")
+            return 0
+        work = [(m, cosmic_ray_apply(a.cosmic_ray, m)) for m in chosen]
     t0 = time.monotonic()
     baseline = baseline_fingerprints(a.timeout_s, memory)
-    args = [("cosmic-ray" if x == a.cosmic_ray else x) for x in (argv if argv is not None else sys.argv[1:])]
-    meta = {"command": "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args),
-            "cosmic_ray": subprocess.run([a.cosmic_ray, "--version"], capture_output=True, text=True).stdout.strip(),
-            "tree": tree_revision(), "matrix": [" ".join(m) for m in MATRIX], "common": " ".join(COMMON), "modules": sorted(truth.modules),
-            "listed": len(listed), "in_scope": len(mutants), "in_annotations": annotations, "chosen": len(chosen),
-            "jobs": a.jobs, "timeout_s": a.timeout_s, "memory_gib": a.memory_gib, "seed": a.seed}
+    meta = {"command": command, **listing, "matrix": [" ".join(m) for m in MATRIX], "common": " ".join(COMMON),
+            "modules": sorted(truth.modules), "chosen": len(work), "jobs": a.jobs, "timeout_s": a.timeout_s,
+            "memory_gib": a.memory_gib}
     rows: list[dict] = []
     with ThreadPoolExecutor(a.jobs) as pool:
-        pending = iter(chosen)
+        pending = iter(work)
         running = set()
 
         def submit_next() -> None:
             if a.time_budget_s and time.monotonic() - t0 > a.time_budget_s:
                 return
-            m = next(pending, None)
-            if m is not None:
-                running.add(pool.submit(judge, m, truth, baseline, a.cosmic_ray, a.timeout_s, memory))
+            item = next(pending, None)
+            if item is not None:
+                running.add(pool.submit(judge, item[0], truth, baseline, item[1], a.timeout_s, memory))
 
         for _ in range(a.jobs):
             submit_next()
@@ -243,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
             running.discard(done)
             r = done.result()
             rows.append(r)
-            print(f"{len(rows):4} {r['outcome']:10} {r['explanation_score'] or '-':7} {r['expected_stage']:18} "
-                  f"{str(r['stage']):14} {r['seconds']:5.0f}s {r['mutant']} ({r['definition']})", flush=True)
+            print(f"{len(rows):4} {r['outcome']:10} {r['caught_by'] or '-':12} {r['explanation_score'] or '-':7} "
+                  f"{r['expected_stage']:18} {str(r['stage']):14} {r['seconds']:5.0f}s {r['mutant']} "
+                  f"({r['definition']})", flush=True)
             report(rows, {**meta, "seconds": round(time.monotonic() - t0)}, out)
             submit_next()
     print(json.dumps(totals(rows), indent=1))

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from mutation_engine import MATRIX, baseline_fingerprints, cosmic_ray_mutants, judge  # noqa: E402
+from mutation_engine import MATRIX, baseline_fingerprints, cosmic_ray_apply, cosmic_ray_mutants, judge  # noqa: E402
 from mutation_judging import Truth  # noqa: E402
 
 COSMIC_RAY = os.environ.get("COSMIC_RAY") or shutil.which("cosmic-ray")
@@ -35,10 +35,10 @@ def test_two_cosmic_ray_mutants_judged(tmp_path):
                 and m.operator == "core/ReplaceTrueWithFalse"), key=lambda m: m.line)
     schema = next(m for m in mutants if m.module == "ddschema/records.py" and m.operator == "core/NumberReplacer")
     baseline = baseline_fingerprints(120, 0, ONE)
-    caught = judge(mask, truth, baseline, COSMIC_RAY, 120, 0, ONE)
+    caught = judge(mask, truth, baseline, cosmic_ray_apply(COSMIC_RAY, mask), 120, 0, ONE)
     assert caught["outcome"] == "caught", caught["runs"]
     assert "+        vis[i, i] = False" in caught["diff"]
     assert caught["expected_stage"] == "mask" and caught["stage"] == "mask"
     assert caught["explanation_score"] == "right"
-    equivalent = judge(schema, truth, baseline, COSMIC_RAY, 120, 0, ONE)
+    equivalent = judge(schema, truth, baseline, cosmic_ray_apply(COSMIC_RAY, schema), 120, 0, ONE)
     assert equivalent["outcome"] == "equivalent", equivalent["runs"]

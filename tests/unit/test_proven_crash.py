@@ -8,6 +8,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from harness.check.crash import PROVEN_CRASH
 from harness.check.differential import check
@@ -100,3 +101,42 @@ def test_a_killed_process_whose_rerun_crashes_or_diverges_stays_a_crash(rerun):
     summary = _killed_summary()
     add_proof(summary, rerun)
     assert summary["first"]["what"] == "crash"
+
+
+def _mask_raises(trees, prefix_lens):
+    raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
+
+
+def _inputs_raise(*args, **kwargs):
+    raise TypeError("unsupported operand type(s) for <<: 'list' and 'list'")
+
+
+@pytest.mark.parametrize("stages, proven_stage, tried", [
+    (dict(build_mask=_mask_raises), "mask", ["mask"]),
+    (dict(build_verify_batch=_inputs_raise), "verify inputs", ["mask", "verify inputs"]),
+])
+def test_a_crash_of_the_mask_or_the_verify_inputs_is_proven_by_their_independent_output(base, stages, proven_stage,
+                                                                                         tried):
+    """Each stage replaced from the start by its output rebuilt from the trees and token ids: the stage that
+    crashed is the first whose replacement makes the step run and match; one upstream of it does not."""
+    s, _ = _run(base, **stages)
+    assert [r["stage"] for r in s.replacements] == tried, s.replacements
+    assert s.replacements[-1]["correct"] and not any(r["correct"] for r in s.replacements[:-1])
+    assert s.first.what == PROVEN_CRASH and s.first.step == 0 and s.stage == proven_stage, s.explanation
+
+
+def test_the_independent_mask_is_the_mask_stages_on_a_correct_run(base):
+    from harness.check.localize.stage_swap import independent_mask
+    from harness.engine.ddtree.mask import flat_custom_mask
+    p = derive(base)
+    seen = []
+    own = p.engine.pipeline.build_mask
+
+    def both(trees, prefix_lens):
+        seen.append((own(trees, prefix_lens), independent_mask(trees, prefix_lens)))
+        return seen[-1][0]
+    p.engine.pipeline = replace(p.engine.pipeline, build_mask=both)
+    next(iter(p.engine.rounds()))
+    ((mask, indptr), (ours, our_indptr)), = seen
+    assert own is flat_custom_mask and mask.dtype == ours.dtype
+    assert torch.equal(mask, ours) and torch.equal(indptr, our_indptr)

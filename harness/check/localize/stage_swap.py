@@ -18,9 +18,11 @@ step correct is the cause.
                   over the cache rebuilt as above (an attention bug reaches
                   the step through every K/V its earlier forwards wrote)
 
-A crash of the engine under test has two rungs: the graph replay replaced by
-the eager forward (graph runs only), the attention kernel by the float64
-attention from the start; when the replaced run reaches the crashed step and
+A crash of the engine under test has its own rungs, each replacing a stage
+from the start of the run: the mask by masks from each tree's ancestors, the
+verify inputs by batches laid out from the trees and token ids (as above),
+the graph replay by the eager forward (graph runs only), the attention kernel
+by the float64 attention; when the replaced run reaches the crashed step and
 it matches the oracle, the replaced stage is the one that crashed.
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
@@ -88,10 +90,16 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
 
 
 def prove_crash(p, step: int) -> list[Replacement]:
-    """The crash rungs: graph replay -> eager (graph runs only), attention kernel -> float64 from the start."""
+    """The crash rungs, each from the start of the run: the mask stage -> masks from each tree's ancestors, the
+    verify-inputs stage -> batches laid out from the trees and token ids, graph replay -> eager (graph runs
+    only), attention kernel -> float64. A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
-    rungs = [("graph", "the eager forward", _eager, None)] if p.settings.cuda_graph else []
+    rungs = [("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
+             ("verify inputs", "batches laid out from the trees and token ids", None,
+              _independent_verify_inputs_throughout)]
+    if p.settings.cuda_graph:
+        rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
     return _climb(p, step, None, rungs)
 
@@ -212,6 +220,39 @@ def rebuild_committed(engine) -> None:
 
 # -- verify inputs -------------------------------------------------------------------------------------------------
 
+def _independent_mask_throughout(q, step: int):
+    def install(engine) -> None:
+        engine.pipeline = replace(engine.pipeline, build_mask=independent_mask)
+    return install
+
+
+def _independent_verify_inputs_throughout(q, step: int):
+    def install(engine) -> None:
+        engine.pipeline = replace(engine.pipeline,
+                                  build_verify_batch=lambda *args: independent_batch(engine, *args))
+    return install
+
+
+def visibility_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
+    """One request's rows over its prefix and its tree  # [q_len, prefix_len + q_len] bool: every row sees the
+    prefix, a real row its ancestors and itself (DraftTree.ancestors), a padding row its own column."""
+    q_len = tree.q_len
+    block = torch.zeros((q_len, prefix_len + q_len), dtype=torch.bool)
+    block[:, :prefix_len] = True
+    for row in range(q_len):
+        cols = tree.ancestors(row) if row < tree.num_rows else [row]
+        block[row, [prefix_len + c for c in cols]] = True
+    return block
+
+
+def independent_mask(trees: list[DraftTree], prefix_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mask stage's output from the same trees and prefix lengths, by visibility_block:
+    custom_mask  # [sum_b q_len*(prefix_b+q_len)] flat bool; mask_indptr  # [bs+1]"""
+    blocks = [visibility_block(t, int(n)).reshape(-1) for t, n in zip(trees, prefix_lens)]
+    sizes = torch.tensor([0] + [b.numel() for b in blocks], dtype=torch.int64)
+    return torch.cat(blocks), sizes.cumsum(0)
+
+
 def _independent_verify_inputs(q, step: int):
     def install(engine) -> None:
         _at_step(engine, step, lambda own, *args: independent_batch(engine, *args))
@@ -226,24 +267,17 @@ def independent_batch(engine, trees: list[DraftTree], seq_lens, req_pool_indices
     by_idx = {r.req_pool_idx: r for r in engine.requests if not r.finished}
     lens = [len(by_idx[int(i)].committed_tokens()) for i in req_pool_indices]
     q_len = trees[0].q_len
-    ids, pos, blocks = [], [], []
+    ids, pos = [], []
     for tree, n in zip(trees, lens):
         pad = tree.q_len - tree.num_rows
         ids += list(tree.tokens) + [tree.tokens[0]] * pad
         pos += [n + d for d in tree.depths] + [n] * pad
-        block = torch.zeros((q_len, n + q_len), dtype=torch.bool)   # [q_len, prefix + q_len]
-        block[:, :n] = True
-        for row in range(q_len):
-            cols = tree.ancestors(row) if row < tree.num_rows else [row]
-            block[row, [n + c for c in cols]] = True
-        blocks.append(block.reshape(-1))
-    sizes = [0] + [b.numel() for b in blocks]
+    custom_mask, mask_indptr = independent_mask(trees, lens)
     kv = [req_to_token[int(i), :n].cpu() for i, n in zip(req_pool_indices, lens)]
     attn = AttnMetadata(qo_indptr=torch.arange(0, (len(trees) + 1) * q_len, q_len, dtype=torch.int64),
                         kv_indptr=torch.tensor([0] + lens, dtype=torch.int64).cumsum(0),
                         kv_indices=torch.cat(kv).to(torch.int64), out_cache_loc=out_cache_loc,
-                        custom_mask=torch.cat(blocks), mask_indptr=torch.tensor(sizes, dtype=torch.int64).cumsum(0),
-                        max_len_extend=q_len)
+                        custom_mask=custom_mask, mask_indptr=mask_indptr, max_len_extend=q_len)
     return VerifyBatch(torch.tensor(ids, dtype=torch.int64), torch.tensor(pos, dtype=torch.int64),
                        torch.tensor(lens, dtype=torch.int64), torch.tensor(list(map(int, req_pool_indices))),
                        attn, q_len)

@@ -1,0 +1,138 @@
+"""Mutants carried to a machine without cosmic-ray (benchmarks/mutation_engine.py --export / --from): each
+sampled mutant as its unified diff against the tree it was cut from, written as JSON, and applied there by
+plain Python (no `patch` binary): every hunk's context and removed lines must match the file exactly where
+the hunk says, and the module must hash as it did when exported. Pure: strings and JSON, no processes."""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutation_judging import Mutant
+
+FORMAT = 1
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def unified_diff(module: str, before: str, after: str, context: int = 3) -> str:
+    """The mutant as a unified diff of MODULE (what --export carries and the results rows show)."""
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), module, module, n=context))
+
+
+def apply_unified_diff(text: str, diff: str) -> str:
+    """TEXT with DIFF's hunks applied; ValueError where a hunk's context or removed lines are not TEXT's at the
+    line the hunk names (no fuzz: a diff for another revision of the file is refused, never misapplied)."""
+    src = text.splitlines(True)
+    out: list[str] = []
+    at = 0   # the next source line (0-based) not yet copied
+    lines = diff.splitlines(True)
+    i = 0
+    while i < len(lines) and not lines[i].startswith("@@"):
+        i += 1   # the --- / +++ header
+    if i == len(lines):
+        raise ValueError("no hunk in the diff")
+    while i < len(lines):
+        m = HUNK.match(lines[i])
+        if m is None:
+            raise ValueError(f"diff line {i + 1}: expected a hunk header, got {lines[i]!r}")
+        start, count = int(m[1]), int(m[2]) if m[2] is not None else 1
+        begin = start - 1 if count else start   # a pure insertion names the line it follows
+        if begin < at:
+            raise ValueError(f"hunk at line {start} overlaps the one before it")
+        out += src[at:begin]
+        at = begin
+        i += 1
+        while i < len(lines) and not lines[i].startswith("@@"):
+            line = lines[i]
+            tag, body = line[:1], line[1:]
+            if i + 1 < len(lines) and lines[i + 1].startswith("\\"):   # "\ No newline at end of file"
+                body = body.rstrip("\n")
+                i += 1
+            if tag in (" ", "-"):
+                if at >= len(src) or src[at] != body:
+                    got = src[at] if at < len(src) else "end of file"
+                    raise ValueError(f"line {at + 1}: the diff expects {body!r}, the file has {got!r}")
+                if tag == " ":
+                    out.append(body)
+                at += 1
+            elif tag == "+":
+                out.append(body)
+            elif line.startswith("\\"):
+                pass
+            else:
+                raise ValueError(f"diff line {i + 1}: not a hunk line: {line!r}")
+            i += 1
+    return "".join(out + src[at:])
+
+
+@dataclass(frozen=True)
+class ExportedMutant:
+    """One sampled mutant as --export writes it."""
+    mutant: Mutant
+    expected_stage: str
+    diff: str
+
+    def __post_init__(self):
+        if not self.diff.startswith(f"--- {self.mutant.module}"):
+            raise ValueError(f"{self.mutant.key}: its diff is not of {self.mutant.module}")
+
+    def to_json(self) -> dict:
+        m = self.mutant
+        return {"key": m.key, "module": m.module, "operator": m.operator, "occurrence": m.occurrence,
+                "line": m.line, "col": m.col, "definition": m.definition, "expected_stage": self.expected_stage,
+                "diff": self.diff}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "ExportedMutant":
+        return cls(Mutant(d["module"], d["operator"], int(d["occurrence"]), int(d["line"]), int(d.get("col", 0)),
+                          d.get("definition")), d["expected_stage"], d["diff"])
+
+    def apply(self, tree: Path) -> None:
+        """The mutant written into TREE (a private copy of the working tree)."""
+        path = tree / self.mutant.module
+        path.write_text(apply_unified_diff(path.read_text(), self.diff))
+
+
+def write_export(path: Path, meta: dict, mutants: list[ExportedMutant], modules: dict[str, str]) -> None:
+    """MODULES: each mutated module's sha256 as exported (what --from checks the tree against)."""
+    body = {"format": FORMAT, **meta, "module_sha256": dict(sorted(modules.items())),
+            "mutants": [m.to_json() for m in mutants]}
+    path.write_text(json.dumps(body, indent=1))
+
+
+def read_export(path: Path, root: Path) -> tuple[dict, list[ExportedMutant]]:
+    """The export's meta and mutants; SystemExit naming the first module of ROOT that differs from the tree the
+    mutants were cut from (their diffs would not apply, or not mean the same)."""
+    body = json.loads(path.read_text())
+    if body.get("format") != FORMAT:
+        raise SystemExit(f"{path}: not a mutant export of format {FORMAT}")
+    for module, digest in body["module_sha256"].items():
+        f = root / module
+        if not f.is_file() or sha256(f.read_text()) != digest:
+            raise SystemExit(f"{path}: {module} differs from the tree the mutants were cut from "
+                             f"({body.get('tree')}); check that revision out")
+    mutants = [ExportedMutant.from_json(d) for d in body["mutants"]]
+    meta = {k: v for k, v in body.items() if k not in ("mutants", "module_sha256")}
+    return meta, mutants
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"I/N" (0 <= I < N): this machine judges the mutants whose index in the export is I modulo N."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard wants I/N, got {text!r}") from None
+    if not 0 <= i < n:
+        raise ValueError(f"--shard I/N wants 0 <= I < N, got {text!r}")
+    return i, n
+
+
+def shard(items: list, i: int, n: int) -> list:
+    return [x for k, x in enumerate(items) if k % n == i]
