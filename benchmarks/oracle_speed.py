@@ -97,10 +97,13 @@ def table(rows: list[dict]) -> str:
     head = ("| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s "
             "| verdict |")
     lines = [head, "|" + " --- |" * 10]
+    def f(x, spec: str, unit: str = "") -> str:   # a figure the summary did not give (a run of one step): -
+        return "-" if x is None else f"{x:{spec}}{unit}"
+
     for r in rows:
         lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
-                     f"{r['engine_s_per_step']:.3f} | {r['oracle_s_per_step']:.3f} | {r['ratio']:.1f}x | "
-                     f"{r['streams_s']:.1f} | {r['verdict']} |")
+                     f"{f(r['engine_s_per_step'], '.3f')} | {f(r['oracle_s_per_step'], '.3f')} | "
+                     f"{f(r['ratio'], '.1f', 'x')} | {f(r['streams_s'], '.1f')} | {r['verdict']} |")
     return "\n".join(lines)
 
 

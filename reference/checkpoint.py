@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, RopeScaling, weight_shapes
+from ddschema.config import ModelConfig, RopeScaling
 from reference.deepseek_config import DEEPSEEK_V3, read_deepseek_config
-from reference.names import weight_names
+from reference.names import mla_moe_shapes, weight_names
 from reference.gemma3 import GEMMA3, read_gemma3_config
+from reference.own_config import own_config
 
 
 class CheckpointRefused(ValueError):
@@ -173,7 +174,7 @@ def read_llama_family_config(hf: dict, arch: str) -> ModelConfig:
     try:
         heads = int(hf["num_attention_heads"])
         window, sliding = sliding_window_of(hf, arch, int(hf["num_hidden_layers"]))
-        return ModelConfig(
+        return own_config(
             vocab_size=int(hf["vocab_size"]), hidden_size=int(hf["hidden_size"]),
             intermediate_size=int(hf["intermediate_size"]), num_layers=int(hf["num_hidden_layers"]),
             num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
@@ -220,7 +221,7 @@ def with_tensors(cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], directory
     missing = [n for n in weight_names(cfg) if n not in shapes]
     if missing and not keep_missing:
         raise CheckpointRefused(f"{directory}: checkpoint lacks {missing[0]} (and {len(missing) - 1} more)")
-    wrong = [(n, s) for n, s in weight_shapes(cfg).items() if n in shapes and tuple(shapes[n]) != s]
+    wrong = [(n, s) for n, s in mla_moe_shapes(cfg).items() if n in shapes and tuple(shapes[n]) != s]
     if wrong:
         raise CheckpointRefused(f"{directory}: {wrong[0][0]} has shape {list(shapes[wrong[0][0]])}, "
                                 f"config.json implies {list(wrong[0][1])} (and {len(wrong) - 1} more)")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 from ddschema.config import MlaConfig, ModelConfig, MoeConfig, YarnScaling
+from reference.own_config import own_config
 
 DEEPSEEK_V3 = "DeepseekV3ForCausalLM"
 
@@ -167,7 +168,7 @@ def read_deepseek_config(hf: dict, refuse) -> ModelConfig:
     try:
         mla, moe = read_mla(hf, refuse), read_moe(hf, refuse)
         heads = _count(hf, "num_attention_heads", refuse)
-        return ModelConfig(
+        return own_config(
             vocab_size=_count(hf, "vocab_size", refuse), hidden_size=_count(hf, "hidden_size", refuse),
             intermediate_size=_count(hf, "intermediate_size", refuse),
             num_layers=_count(hf, "num_hidden_layers", refuse), num_heads=heads, num_kv_heads=heads,

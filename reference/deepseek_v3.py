@@ -33,9 +33,10 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, weight_shapes
+from ddschema.config import ModelConfig
 from reference.model import DTYPE, DenseLlama, attention
 from reference.moe import Selection, combine, select_experts
+from reference.names import mla_moe_shapes
 from reference.rope import rope_inv_freq, yarn_cos_sin_scale, yarn_inv_freq, yarn_softmax_factor
 
 
@@ -78,14 +79,14 @@ def mla_cos_sin(positions: Tensor, config: ModelConfig) -> tuple[Tensor, Tensor]
 
 class DenseDeepseekV3(DenseLlama):
     """DeepSeek-V3-layout decoder in float64 (see the module docstring). Takes the
-    same weights dict (Hugging Face names, ddschema.weight_names) and device
+    same weights dict (Hugging Face names, reference/names.py) and device
     arguments as DenseLlama, and checks the MLA and MoE tensors' shapes."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, Tensor], device: str = "cpu",
                  owned: bool = False) -> None:
         if config.mla is None:
             raise ValueError("DenseDeepseekV3 needs a config with MLA (ModelConfig.mla)")
-        for name, shape in weight_shapes(config).items():
+        for name, shape in mla_moe_shapes(config).items():
             if name in weights and tuple(weights[name].shape) != shape:
                 raise ValueError(f"{name} has shape {list(weights[name].shape)}, the config implies {list(shape)}")
         super().__init__(config, weights, device, owned)

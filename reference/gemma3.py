@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ddschema.config import ModelConfig
+from reference.own_config import own_config
 
 GEMMA3 = "Gemma3ForCausalLM"
 GEMMA3_DEFAULTS = dict(head_dim=256, rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=131072,
@@ -124,7 +125,7 @@ def read_gemma3_config(hf: dict, refuse) -> ModelConfig:
     full_base, local_base = _rope_bases(hf, refuse)
     bias = bool(hf.get("attention_bias", False))
     try:
-        return ModelConfig(
+        return own_config(
             vocab_size=int(hf["vocab_size"]), hidden_size=hidden, intermediate_size=int(hf["intermediate_size"]),
             num_layers=n, num_heads=heads, num_kv_heads=int(hf.get("num_key_value_heads") or heads),
             head_dim=int(hf.get("head_dim") or GEMMA3_DEFAULTS["head_dim"]), rope_theta=full_base,

@@ -23,14 +23,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ddschema.config import ModelConfig, weight_names
+from ddschema.config import ModelConfig
 from reference.checkpoint import (SAFETENSORS_DTYPES, CheckpointRefused, read_checkpoint_config, read_header,
                                   with_tensors)
+from reference.names import weight_names
 
 INDEX = "model.safetensors.index.json"
 READ_CHUNK = 64 << 20   # a large tensor's bytes are read in chunks of this size by several threads at once
-_READERS = ThreadPoolExecutor(4, thread_name_prefix="oracle-pread")   # copying from the page cache: one thread
-                                                                        # alone does not reach the memory's speed
+READ_THREADS = 4        # copying from the page cache: one thread alone does not reach the memory's speed
 
 
 def _pread(fd: int, into: memoryview, offset: int, file: Path) -> None:
@@ -126,10 +126,14 @@ class LazyCheckpoint:
         # run) may go once both sides have read the headers, and an open file stays readable
         self.files = {path: path.open("rb") for path in sorted({e.file for e in self.entries.values()})}
         self.local = threading.local()   # per thread (the oracle's, its layer reader's): the staging bytes
+        # the chunk readers of one large tensor: owned by this checkpoint, shut down with it
+        self.readers = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="oracle-pread")
 
     def close(self) -> None:
         for f in getattr(self, "files", {}).values():   # (a refused checkpoint opened none)
             f.close()
+        if getattr(self, "readers", None) is not None:
+            self.readers.shutdown(wait=False)   # (from __del__ too: never wait there)
 
     def __del__(self) -> None:
         self.close()
@@ -205,5 +209,5 @@ class LazyCheckpoint:
             staging = self.local.staging = torch.empty(n, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
         raw, fd = memoryview(staging[:n].numpy()), self.files[entry.file].fileno()
         chunks = [(start, min(n, start + READ_CHUNK)) for start in range(0, n, READ_CHUNK)]
-        list(_READERS.map(lambda c: _pread(fd, raw[c[0]:c[1]], begin + c[0], entry.file), chunks))
+        list(self.readers.map(lambda c: _pread(fd, raw[c[0]:c[1]], begin + c[0], entry.file), chunks))
         return staging[:n].view(entry.dtype).to(self.device)   # from pinned memory: the copy runs at full speed

@@ -4,8 +4,8 @@ read from nothing of the harness's: a wrong name in the shared schema
 presets use) then reaches one side only, and shows as a load divergence
 instead of a KeyError of both.
 
-Names only: which tensors a model of `cfg` computes with. Shapes and the
-math stay in reference/model.py."""
+Names, and the MLA and MoE tensors' shapes the config implies: which tensors a model of `cfg` computes
+with, and how big they must be. The math stays in reference/model.py."""
 from __future__ import annotations
 
 from ddschema.config import ModelConfig
@@ -54,3 +54,44 @@ def _mlp(cfg: ModelConfig, m: str, layer: int) -> list[str]:
     if cfg.moe.n_shared_experts:
         names += [m + f"shared_experts.{proj}.weight" for proj in SWIGLU]
     return names
+
+
+def mla_moe_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shapes the oracle expects of the MLA and MoE tensors of weight_names(cfg), derived here from the
+    config on its own ([out, in] for projections; the Llama-family shapes are checked where they are used,
+    in reference/model.py): a wrong shape in the shared schema then reaches the engine's side alone."""
+    out: dict[str, tuple[int, ...]] = {}
+    hidden = cfg.hidden_size
+    for layer in range(cfg.num_layers):
+        if cfg.mla is not None:
+            out.update(_mla_shapes(cfg, f"model.layers.{layer}.self_attn.", hidden))
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer):
+            out.update(_moe_shapes(cfg, f"model.layers.{layer}.mlp.", hidden))
+    return out
+
+
+def _mla_shapes(cfg: ModelConfig, a: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    m, heads = cfg.mla, cfg.num_heads
+    q_out = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)   # each head's query: a plain and a rotated part
+    if m.q_lora_rank is None:
+        q = {a + "q_proj.weight": (q_out, hidden)}
+    else:
+        q = {a + "q_a_proj.weight": (m.q_lora_rank, hidden), a + "q_a_layernorm.weight": (m.q_lora_rank,),
+             a + "q_b_proj.weight": (q_out, m.q_lora_rank)}
+    return {**q,
+            a + "kv_a_proj_with_mqa.weight": (m.kv_lora_rank + m.qk_rope_head_dim, hidden),   # latent + rope key
+            a + "kv_a_layernorm.weight": (m.kv_lora_rank,),
+            a + "kv_b_proj.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+            a + "o_proj.weight": (hidden, heads * m.v_head_dim)}
+
+
+def _moe_shapes(cfg: ModelConfig, mp: str, hidden: int) -> dict[str, tuple[int, ...]]:
+    moe = cfg.moe
+    out = {mp + "gate.weight": (moe.n_routed_experts, hidden), mp + "gate.e_score_correction_bias": (moe.n_routed_experts,)}
+    widths = {f"experts.{e}.": moe.moe_intermediate_size for e in range(moe.n_routed_experts)}
+    if moe.n_shared_experts:   # the shared experts are one MLP as wide as all of them together
+        widths["shared_experts."] = moe.moe_intermediate_size * moe.n_shared_experts
+    for ex, width in widths.items():
+        out |= {mp + ex + "gate_proj.weight": (width, hidden), mp + ex + "up_proj.weight": (width, hidden),
+                mp + ex + "down_proj.weight": (hidden, width)}
+    return out

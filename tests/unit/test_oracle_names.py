@@ -18,6 +18,21 @@ def test_the_oracle_names_agree_with_the_schema_on_every_preset():
         assert names.weight_names(cfg) == ddschema.config.weight_names(cfg), name
 
 
+def test_the_oracle_derives_mla_and_moe_shapes_itself_and_agrees_with_the_schema():
+    """reference/names.py's shapes, from the config alone, equal the schema's on every preset (the MLA and MoE
+    presets list 43 to 121 tensors); no module of reference/ takes names or shapes from the schema."""
+    import pathlib
+    checked = 0
+    for name, cfg in PRESETS.items():
+        assert names.mla_moe_shapes(cfg) == ddschema.config.weight_shapes(cfg), name
+        checked += len(names.mla_moe_shapes(cfg))
+    assert checked > 200
+    src = pathlib.Path(names.__file__).parent
+    for f in src.glob("*.py"):
+        text = f.read_text()
+        assert "weight_shapes" not in text and "config import ModelConfig, weight_names" not in text, f.name
+
+
 def _misnamed(cfg):
     return [n.replace("post_attention_layernorm", "post_attn_layernorm") for n in _schema(cfg)]
 
@@ -42,3 +57,30 @@ def test_a_wrong_name_in_the_shared_schema_is_a_load_divergence(monkeypatch, tmp
     summary = check(p, RecordWriter(tmp_path / "r.jsonl"))
     assert summary.stage == "load" and summary.quantity == "weights"
     assert summary.first.what == "weights" and "post_attention_layernorm" in summary.explanation
+
+
+def test_the_oracle_gives_every_config_field_itself(monkeypatch):
+    """Each of the oracle's config readers passes every ModelConfig field (reference/own_config.py): a default
+    of the shared schema changed (as a patch of ddschema/config.py would) changes nothing the oracle reads."""
+    import json
+    from dataclasses import fields
+
+    import reference.own_config as own
+    from harness.engine.model.presets import checkpoint_dir
+    from reference.checkpoint import read_config
+    given = []
+    real = own.ModelConfig
+
+    def strict(**kw):   # the record format's constructor, refusing to fill any field from its defaults
+        given.append(set(kw))
+        assert set(kw) == {f.name for f in fields(real)}
+        return real(**kw)
+    monkeypatch.setattr(own, "ModelConfig", strict)
+    for preset in ("tiny", "tiny-qwen3", "tiny-gemma3", "tiny-deepseek-v3", "tiny-swa"):
+        with checkpoint_dir(preset, 0) as d:
+            cfg = read_config(json.loads((d / "config.json").read_text()))
+        assert cfg == PRESETS[preset], preset
+    assert len(given) == 5
+    import pathlib
+    for f in pathlib.Path(own.__file__).parent.glob("*.py"):   # no reader of the oracle builds one otherwise
+        assert f.name == "own_config.py" or "return ModelConfig(" not in f.read_text(), f.name

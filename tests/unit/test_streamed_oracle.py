@@ -210,3 +210,21 @@ def test_a_batched_bf16_run_judges_each_step_in_its_prepared_pass(tmp_path, monk
     summary = json.loads(out.read_text().splitlines()[-1])
     assert summary["oracle"] == "streamed" and summary["steps"] >= 1
     assert all(asked) and len(asked) > 2 * summary["steps"]   # (float64, rounded) x requests: none a pass of its own
+
+
+def test_each_checkpoint_owns_its_chunk_readers_and_closes_them():
+    """The chunk-reading threads belong to the checkpoint that reads (no pool at module level, shared by
+    every oracle of the process and never shut down): a second checkpoint has its own, close() ends them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from reference import lazy_checkpoint
+    assert not [n for n, v in vars(lazy_checkpoint).items() if isinstance(v, ThreadPoolExecutor)]
+    with checkpoint_dir("tiny", 0) as d:
+        a, b = LazyCheckpoint(d), LazyCheckpoint(d)
+        assert isinstance(a.readers, ThreadPoolExecutor) and a.readers is not b.readers
+        a.read("model.embed_tokens.weight")
+        a.close()
+        with pytest.raises(RuntimeError):   # a shut-down pool takes no more work
+            a.readers.submit(int)
+        assert torch.equal(b.read("model.embed_tokens.weight"), b.read("model.embed_tokens.weight"))
+        b.close()
