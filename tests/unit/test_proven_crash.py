@@ -173,3 +173,15 @@ def test_the_reducer_keeps_a_proven_crash_and_its_crash_as_one_failure():
     from harness.workflows.reduce import failure_kind
     assert failure_kind("proven-crash", 0) == failure_kind("crash", 0) == "crash"
     assert failure_kind("node", 0) == "node"
+
+
+def test_a_verify_width_off_the_tree_is_proven_by_the_oracles_tree_at_budget_plus_one(base):
+    """The pipeline's verify width budget - 1 (a cosmic-ray mutant of pipeline.verify_width): the engine's
+    trees are wider than its rows and the loop raises. The tree stage replaced, its width included, runs and
+    matches; the engine's own width (any other rung) still raises."""
+    p = derive(base, replace(SETTING, stop_after=0),
+               pipeline=replace(base.engine.pipeline, width=lambda budget: budget - 1))
+    s = check(p, RecordWriter(None))
+    assert s.crash["side"] == "engine" and "verify width" in s.crash["error"], s.crash
+    assert [r["stage"] for r in s.replacements] == ["tree build"] and s.replacements[0]["correct"]
+    assert s.first.what == PROVEN_CRASH and s.stage == "tree build"

@@ -99,7 +99,7 @@ def prove_crash(p, step: int) -> list[Replacement]:
     rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
-    rungs = [("tree build", "the oracle's best-first build from the same drafts", None, _oracle_tree_throughout),
+    rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
              ("verify inputs", "batches laid out from the trees and token ids", None,
               _independent_verify_inputs_throughout)]
@@ -248,13 +248,18 @@ def rebuild_committed(engine) -> None:
 
 # -- verify inputs -------------------------------------------------------------------------------------------------
 
-def _oracle_tree_throughout(q, step: int):
-    def install(engine) -> None:
-        def build_tree(root: int, draft_logprobs, budget: int, topk: int) -> DraftTree:
-            ref = q.oracle.draft_tree(int(root), draft_logprobs, budget, topk)
-            return DraftTree(tuple(ref.tokens), (None, *ref.parents[1:]), tuple(ref.depths), engine.q_len)
-        engine.pipeline = replace(engine.pipeline, build_tree=build_tree)
-    return install
+def _oracle_tree(q):
+    """q's setting with its tree stage replaced, the verify width included: each round's trees are the oracle's
+    own best-first build from the same drafts (reference/tree.py), budget + 1 rows wide (the root and `budget`
+    draft nodes, padded)."""
+    from harness.check.prepare import derive
+    oracle = q.oracle
+
+    def build_tree(root: int, draft_logprobs, budget: int, topk: int) -> DraftTree:
+        ref = oracle.draft_tree(int(root), draft_logprobs, budget, topk)
+        return DraftTree(tuple(ref.tokens), (None, *ref.parents[1:]), tuple(ref.depths), budget + 1)
+    pipeline = replace(q.engine.pipeline, build_tree=build_tree, width=lambda budget: budget + 1)
+    return derive(q, q.settings, tuple(q.prompts), pipeline)
 
 
 def _independent_mask_throughout(q, step: int):
