@@ -272,3 +272,22 @@ def test_an_allocator_whose_owned_is_no_set_is_the_engines_crash_not_the_canarys
     assert crash["side"] == "engine" and crash["where"].startswith("harness/engine/"), crash["where"]
     assert summary["verdict"] == "diverge"
     assert not any("(an internal error)" in n for n in summary["notes"]), summary["notes"]
+
+
+def test_a_graph_mask_indptr_shorter_than_the_live_mask_is_named_not_an_audit_crash(tmp_path):
+    """The graph runner's static mask block sizes `n + (seq_lens + n)` for `n * (seq_lens + n)` (a cosmic-ray
+    mutant): its mask_indptr ends before the live requests' mask, and the graph audit built a tensor of
+    negative size (the localizer failed: an internal error beside a caught divergence). Now it names it."""
+    import json
+    tree = _tree_with(tmp_path, "harness/engine/graph.py", "")
+    graph = tree / "harness/engine/graph.py"
+    src = graph.read_text()
+    assert "mask_sizes = n * (seq_lens + n)" in src
+    graph.write_text(src.replace("mask_sizes = n * (seq_lens + n)", "mask_sizes = n + (seq_lens + n)"))
+    out = tree / "r.jsonl"
+    r = _run_cli(tree, "--backend", "torch", "--cuda-graph", "--budget", "8", "--topk", "4", "--batch", "3",
+                 "--stop-after", "1", "--out", str(out))
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    summary = json.loads(out.read_text().splitlines()[-1])
+    assert not any("(an internal error)" in n for n in summary["notes"]), summary["notes"]
+    assert summary["stage"] == "graph" and summary["quantity"] == "mask_indptr", summary["explanation"]

@@ -72,7 +72,9 @@ def _against_eager(eager_mask: torch.Tensor, static_mask: torch.Tensor, need: in
     """excerpt() of a graph's static mask (its first `need` elements) against the
     eager mask followed by the batch-padding dummies' all-ones blocks."""
     eager = kernel_visible(eager_mask.cpu())
-    want = torch.cat([eager, torch.ones(need - eager.numel(), dtype=torch.bool)])
+    # a static mask_indptr that ends before the eager mask does (its block sizes wrong) compares what it covers
+    want = eager[:need] if need < eager.numel() else torch.cat([eager, torch.ones(need - eager.numel(),
+                                                                                  dtype=torch.bool)])
     return excerpt(want.int(), kernel_visible(static_mask.cpu())[:need].int())
 
 
@@ -108,8 +110,14 @@ def _mask(replay, step: int) -> list[Wrong]:
                       f"the mask buffer handed to the kernel holds {have} elements but mask_indptr ends at {need}: "
                       f"the batch-padding requests' mask (elements {have}..{need - 1}) is read past its end",
                       "out-of-bounds")]
+    live_need = live.attn.custom_mask.numel()
+    if need < live_need:   # the static mask_indptr's blocks end inside the live requests' mask
+        return [Wrong(step, "graph", "mask_indptr", None, need, live_need, need, live_need - need,
+                      f"the bucket-{bucket} graph's static mask_indptr ends at {need}, before the live requests' "
+                      f"mask does ({live_need} elements): its block sizes are not q_len * (prefix + q_len), so "
+                      "rows read other rows' visibility")]
     if not replay.dummy_mask_refilled:   # the runner owes the dummies no mask: the live blocks only
-        need = live.attn.custom_mask.numel()
+        need = live_need
     i, e, f, count = _against_eager(live.attn.custom_mask, meta.custom_mask, need)
     if i is None:
         return []
