@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case
+from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case, plan_flags
 from harness.engine.settings import RunSettings, UsageError
 from harness.workflows.sweep import SettingJob, SettingResult, run_jobs, summary_frame, verdict, write_jsonl
 
@@ -21,6 +21,22 @@ def test_parse_list():
     with pytest.raises(UsageError, match="--cuda-graph"):
         parse_list("--cuda-graph", "maybe", bool)
 
+
+
+def test_a_backend_given_on_the_command_line_is_taken_without_asking_for_the_default(monkeypatch):
+    """The default backend imports SGLang to see whether it imports (seconds of a sweep's start, and of
+    each of its usage errors): only a sweep that names no --backend asks for it."""
+    import harness.engine.attn as attn
+
+    def default_backend():
+        raise AssertionError("the default backend was asked for")
+
+    monkeypatch.setattr(attn, "default_backend", default_backend)
+    none = dict.fromkeys(("budget", "topk", "cuda_graph", "batch", "dtype", "sliding_window", "page_size", "tp"))
+    jobs = plan_flags({**none, "backend": "torch,nope"}, dict(CASE_OWNED), "cpu", None)
+    assert [j.settings.backend for j in jobs] == ["torch", "nope"]
+    with pytest.raises(AssertionError, match="default backend"):
+        plan_flags({**none, "backend": None}, dict(CASE_OWNED), "cpu", None)
 
 @pytest.mark.slow
 def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
