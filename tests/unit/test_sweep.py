@@ -66,10 +66,10 @@ def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
 @pytest.mark.slow
 def test_sweep_cli_exit_codes_and_nothing_written_on_usage_error(tmp_path):
     out = tmp_path / "s.jsonl"
-    bad = _ddcheck("sweep", "--budget", "8,x", "--out", str(out))
-    assert bad.returncode == 2 and "--budget" in bad.stderr and not out.exists()
-    bad = _ddcheck("sweep", "--backend", "nope", "--out", str(out))
-    assert bad.returncode == 2 and "nope" in bad.stderr and not out.exists()
+    # the usage errors in this process (exit 2 from a real process: test_sweep_case_rejects_the_flags_...)
+    for flags, named in ((["--budget", "8,x"], "--budget"), (["--backend", "nope"], "nope")):
+        bad = _in_process("sweep", *flags, "--out", str(out))
+        assert bad.exit_code == 2 and named in bad.stderr and not out.exists(), bad.output
     div = _ddcheck("sweep", "--budget", "4,16", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1",
                    "--fault", "padded-kv-visible", "--out", str(out), "--html", str(tmp_path / "s.html"))
     # budget 4 with topk 1 fills every verify row (no padding): the fault cannot show there, so only budget 16 runs
@@ -81,6 +81,14 @@ def test_sweep_cli_exit_codes_and_nothing_written_on_usage_error(tmp_path):
                   "--jobs", "1", "--out", str(out))
     assert ok.returncode == 0, ok.stderr
     assert out.read_text().count('"kind": "summary"') == 2
+
+
+def _in_process(*args):
+    from typer.testing import CliRunner
+
+    from harness.cli import _register, app
+    _register()
+    return CliRunner().invoke(app, list(args))
 
 
 def _ddcheck(*args):
