@@ -213,6 +213,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated mutant keys MODULE:OPERATOR:OCCURRENCE")
     ap.add_argument("--jobs", type=int, default=2, help="mutants judged at once")
+    ap.add_argument("--device", default="cpu", help="every setting's --device (cuda on a GPU machine whose Triton "
+                                                     "cannot interpret SGLang's kernels on the CPU)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per ddcheck run")
     ap.add_argument("--memory-gib", type=float, default=6.0, help="address-space cap per ddcheck run")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="start no mutant after this long (0: none)")
@@ -309,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         work = [(m, cosmic_ray_apply(a.cosmic_ray, m)) for m in chosen]
     t0 = time.monotonic()
-    baseline = baseline_fingerprints(a.timeout_s, memory)
-    meta = {"command": command, **listing, "matrix": [" ".join(m) for m in MATRIX], "common": " ".join(COMMON),
+    matrix = MATRIX if a.device == "cpu" else tuple([*m, "--device", a.device] for m in MATRIX)
+    baseline = baseline_fingerprints(a.timeout_s, memory, matrix)
+    meta = {"command": command, **listing, "matrix": [" ".join(m) for m in matrix], "common": " ".join(COMMON),
             "modules": sorted(truth.modules), "chosen": len(work), "jobs": a.jobs, "timeout_s": a.timeout_s,
             "memory_gib": a.memory_gib}
     rows: list[dict] = []
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 return
             item = next(pending, None)
             if item is not None:
-                running.add(pool.submit(judge, item[0], truth, baseline, item[1], a.timeout_s, memory))
+                running.add(pool.submit(judge, item[0], truth, baseline, item[1], a.timeout_s, memory, matrix))
 
         for _ in range(a.jobs):
             submit_next()

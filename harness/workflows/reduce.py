@@ -85,6 +85,9 @@ def settings_of(summary: dict) -> RunSettings:
 
 
 def failure_kind(first_what: str | None, audit_errors: int) -> str:
+    """A proven crash is the same failure as the crash it proves (a smaller setting may not repeat the proof)."""
+    if first_what == "proven-crash":
+        return "crash"
     return first_what or ("audit" if audit_errors else "diverge")
 
 

@@ -42,6 +42,10 @@ def _commit_raises(*args, **kwargs):
     raise IndexError("index 99 is out of bounds for dimension 0 with size 2")
 
 
+def _stop_raises(tree, acceptance, eos_id):
+    raise TypeError("'NoneType' object is not subscriptable")
+
+
 @pytest.fixture(scope="module")
 def base():
     return prepare(SETTING)
@@ -67,8 +71,9 @@ def test_a_crash_the_attention_replacement_proves_is_a_divergence_of_its_step(ba
 
 
 def test_a_crash_no_replacement_makes_right_stays_a_crash(base):
-    """The commit raises on every run: the float64 attention's run raises too, so nothing is proven."""
-    s, _ = _run(base, commit=_commit_raises)
+    """The stop stage (no rung replaces it) raises on every run: every replaced run raises too, nothing is
+    proven."""
+    s, _ = _run(base, stop=_stop_raises)
     assert s.crash["side"] == "engine"
     assert s.replacements and not any(r["correct"] for r in s.replacements), s.replacements
     assert s.first.what == "crash" and s.verdict == "diverge"
@@ -103,6 +108,10 @@ def test_a_killed_process_whose_rerun_crashes_or_diverges_stays_a_crash(rerun):
     assert summary["first"]["what"] == "crash"
 
 
+def _tree_raises(root, draft_logprobs, budget, topk):
+    raise IndexError("list index out of range")
+
+
 def _mask_raises(trees, prefix_lens):
     raise IndexError("Dimension out of range (expected to be in range of [-1, 0], but got 1)")
 
@@ -112,10 +121,12 @@ def _inputs_raise(*args, **kwargs):
 
 
 @pytest.mark.parametrize("stages, proven_stage, tried", [
-    (dict(build_mask=_mask_raises), "mask", ["mask"]),
-    (dict(build_verify_batch=_inputs_raise), "verify inputs", ["mask", "verify inputs"]),
+    (dict(build_tree=_tree_raises), "tree build", ["tree build"]),
+    (dict(build_mask=_mask_raises), "mask", ["tree build", "mask"]),
+    (dict(build_verify_batch=_inputs_raise), "verify inputs", ["tree build", "mask", "verify inputs"]),
+    (dict(commit=_commit_raises), "commit", ["tree build", "mask", "verify inputs", "attention", "commit"]),
 ])
-def test_a_crash_of_the_mask_or_the_verify_inputs_is_proven_by_their_independent_output(base, stages, proven_stage,
+def test_a_crash_of_the_tree_the_mask_the_verify_inputs_or_the_commit_is_proven_by_their_independent_output(base, stages, proven_stage,
                                                                                          tried):
     """Each stage replaced from the start by its output rebuilt from the trees and token ids: the stage that
     crashed is the first whose replacement makes the step run and match; one upstream of it does not."""
@@ -140,3 +151,37 @@ def test_the_independent_mask_is_the_mask_stages_on_a_correct_run(base):
     ((mask, indptr), (ours, our_indptr)), = seen
     assert own is flat_custom_mask and mask.dtype == ours.dtype
     assert torch.equal(mask, ours) and torch.equal(indptr, our_indptr)
+
+
+def test_a_commit_that_crashes_at_a_later_step_is_proven_over_the_rebuilt_cache(base):
+    """The commit runs right at step 0 and raises at step 1: the replaced run's step 1 reads the cache the
+    commit rung rebuilt from the ids after step 0, and matches the oracle there."""
+    from harness.engine.ddtree.commit import commit_kv
+    calls = []
+
+    def commit_then_raise(*args):
+        calls.append(1)
+        if len(calls) > SETTING.batch:
+            raise IndexError("index 99 is out of bounds for dimension 0 with size 2")
+        return commit_kv(*args)
+    s, _ = _run(base, commit=commit_then_raise)
+    assert s.crash["step"] == 0 and s.first.what == PROVEN_CRASH and s.first.step == 1, (s.crash, s.first)
+    assert s.stage == "commit" and s.replacements[-1]["stage"] == "commit", s.replacements
+
+
+def test_the_reducer_keeps_a_proven_crash_and_its_crash_as_one_failure():
+    from harness.workflows.reduce import failure_kind
+    assert failure_kind("proven-crash", 0) == failure_kind("crash", 0) == "crash"
+    assert failure_kind("node", 0) == "node"
+
+
+def test_a_verify_width_off_the_tree_is_proven_by_the_oracles_tree_at_budget_plus_one(base):
+    """The pipeline's verify width budget - 1 (a cosmic-ray mutant of pipeline.verify_width): the engine's
+    trees are wider than its rows and the loop raises. The tree stage replaced, its width included, runs and
+    matches; the engine's own width (any other rung) still raises."""
+    p = derive(base, replace(SETTING, stop_after=0),
+               pipeline=replace(base.engine.pipeline, width=lambda budget: budget - 1))
+    s = check(p, RecordWriter(None))
+    assert s.crash["side"] == "engine" and "verify width" in s.crash["error"], s.crash
+    assert [r["stage"] for r in s.replacements] == ["tree build"] and s.replacements[0]["correct"]
+    assert s.first.what == PROVEN_CRASH and s.stage == "tree build"

@@ -104,8 +104,8 @@ def test_a_crash_in_the_attention_kernel_is_proven_by_the_float64_attention(base
     p = derive(base, pipeline=replace(base.engine.pipeline, attention=_RaisesOnMask))
     s = check(p, RecordWriter(None))
     assert s.first.what == "proven-crash" and s.verdict == "diverge"
-    assert [(r["stage"], r["correct"]) for r in s.replacements] == [("mask", False), ("verify inputs", False),
-                                                                      ("attention", True)], s.replacements
+    assert [(r["stage"], r["correct"]) for r in s.replacements] == [("tree build", False), ("mask", False),
+                                                                      ("verify inputs", False), ("attention", True)], s.replacements
     assert s.stage == "attention" and s.quantity == "crash" and "by replacement" in s.explanation
 
 
@@ -117,7 +117,8 @@ def test_a_crash_in_the_graph_replay_is_proven_by_the_eager_forward(base, monkey
     monkeypatch.setattr(GraphRunner, "verify", broken)
     p = derive(base, replace(SETTING, cuda_graph=True))
     found = prove_crash(p, 0)
-    assert [(r.stage, r.correct) for r in found] == [("mask", False), ("verify inputs", False), ("graph", True)], \
+    assert [(r.stage, r.correct) for r in found] == [("tree build", False), ("mask", False), ("verify inputs", False),
+                                                 ("graph", True)], \
         [r.sentence() for r in found]
     assert found[-1].error_before is None and found[-1].error_after <= 1
 

@@ -19,10 +19,12 @@ step correct is the cause.
                   the step through every K/V its earlier forwards wrote)
 
 A crash of the engine under test has its own rungs, each replacing a stage
-from the start of the run: the mask by masks from each tree's ancestors, the
+from the start of the run: the tree by the oracle's own best-first build
+from the same drafts, the mask by masks from each tree's ancestors, the
 verify inputs by batches laid out from the trees and token ids (as above),
 the graph replay by the eager forward (graph runs only), the attention kernel
-by the float64 attention; when the replaced run reaches the crashed step and
+by the float64 attention, the commit by the cache rebuilt from the ids after
+each round; when the replaced run reaches the crashed step and
 it matches the oracle, the replaced stage is the one that crashed.
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
@@ -90,17 +92,21 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
 
 
 def prove_crash(p, step: int) -> list[Replacement]:
-    """The crash rungs, each from the start of the run: the mask stage -> masks from each tree's ancestors, the
+    """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
+    the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, graph replay -> eager (graph runs
-    only), attention kernel -> float64. A crash upstream of the replaced stage crashes the replaced run too."""
+    only), attention kernel -> float64, the commit -> each round's rows freed and every live request's cache
+    rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
-    rungs = [("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
+    rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
+             ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
              ("verify inputs", "batches laid out from the trees and token ids", None,
               _independent_verify_inputs_throughout)]
     if p.settings.cuda_graph:
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
+    rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
     return _climb(p, step, None, rungs)
 
 
@@ -196,6 +202,28 @@ def _rebuild_committed_kv(q, step: int):
     return install
 
 
+def _rebuilt_commit_throughout(q, step: int):
+    """The commit stage replaced from the start: a request's verify rows are all freed, its length grows by its
+    accepted rows on fresh slots, and once the round has emitted, every live request's cache is rebuilt from its
+    token ids (rebuild_committed) before the next round reads it."""
+    def install(engine) -> None:
+        def commit(req_to_token, allocator, req_pool_idx: int, seq_len: int, row_slots, acceptance) -> int:
+            n = len(acceptance.rows)
+            allocator.free(row_slots.reshape(-1).cpu())
+            r2t = req_to_token.req_to_token
+            r2t[req_pool_idx, seq_len:seq_len + n] = allocator.alloc(n).to(r2t.device)
+            return seq_len + n
+        engine.pipeline = replace(engine.pipeline, commit=commit)
+        rounds = engine.rounds
+
+        def rebuilt_after_each():
+            for result in rounds():
+                yield result
+                rebuild_committed(engine)
+        engine.rounds = rebuilt_after_each
+    return install
+
+
 def rebuild_committed(engine) -> None:
     """Each live request's cache from its ids: its slots freed, n fresh ones taken, K/V of positions 0..n-1
     written by a causal forward over its committed tokens whose attention is a float64 softmax (not the
@@ -219,6 +247,20 @@ def rebuild_committed(engine) -> None:
 
 
 # -- verify inputs -------------------------------------------------------------------------------------------------
+
+def _oracle_tree(q):
+    """q's setting with its tree stage replaced, the verify width included: each round's trees are the oracle's
+    own best-first build from the same drafts (reference/tree.py), budget + 1 rows wide (the root and `budget`
+    draft nodes, padded)."""
+    from harness.check.prepare import derive
+    oracle = q.oracle
+
+    def build_tree(root: int, draft_logprobs, budget: int, topk: int) -> DraftTree:
+        ref = oracle.draft_tree(int(root), draft_logprobs, budget, topk)
+        return DraftTree(tuple(ref.tokens), (None, *ref.parents[1:]), tuple(ref.depths), budget + 1)
+    pipeline = replace(q.engine.pipeline, build_tree=build_tree, width=lambda budget: budget + 1)
+    return derive(q, q.settings, tuple(q.prompts), pipeline)
+
 
 def _independent_mask_throughout(q, step: int):
     def install(engine) -> None:
