@@ -13,6 +13,7 @@ ddcheck itself on a fixed quick matrix (never by the unit tests):
   timeout     a setting ran past the per-run cap
   survived    every setting passed, and the engine's outputs differ from the unmutated tree's
   equivalent  every setting passed with the engine's outputs identical to the unmutated tree's
+  incompetent the mutated module does not compile (never run; like equivalent, not behaviour-changing)
 
 A caught mutant's explanation is scored against the truth table (its module's
 or function's stage): right, unknown (no stage named) or wrong. Writes a JSON
@@ -50,9 +51,9 @@ from typing import Callable
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
 from mutation_export import ExportedMutant, parse_shard, read_export, sha256, shard, unified_diff, write_export
-from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, in_annotation,
-                              markdown, mutant_outcome, operator_family, score_explanation, setting_outcome,
-                              stratified_sample, tally, totals)
+from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, compiles,
+                              in_annotation, markdown, mutant_outcome, operator_family, score_explanation,
+                              setting_outcome, stillborn, stratified_sample, tally, totals)
 
 TRUTH = ROOT / "benchmarks" / "mutation_truth.toml"
 LOCALIZER_FAILED = "(an internal error)"   # harness/check/crash.py's words for ddcheck's own side
@@ -146,6 +147,8 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], mutate: Callable[
         mutate(tree)
         row["diff"] = "".join(difflib.unified_diff(before.splitlines(True), (tree / m.module).read_text()
                                                    .splitlines(True), m.module, m.module, n=0))
+        if not compiles((tree / m.module).read_text(), m.module):
+            return {**row, "outcome": "incompetent", "caught_by": None}
         runs = []
         for args in matrix:
             r = run_cli(tree, [*args, *COMMON], tree / "records.jsonl", timeout_s, memory)
@@ -259,6 +262,8 @@ def merge(paths: list[Path], out: Path) -> int:
     """Shards' results files as one: every row once, the totals and tallies recomputed."""
     bodies = [json.loads(p.read_text()) for p in paths]
     rows = list({r["mutant"]: r for b in bodies for r in b["rows"]}.values())
+    rows = [{**r, "outcome": "incompetent", "caught_by": None, "explanation_score": None} if stillborn(r) else r
+            for r in rows]   # judged before the compile check
     meta = {k: v for k, v in bodies[0].items() if k not in ("totals", "per_module", "per_operator", "per_stage",
                                                              "rows", "shard", "seconds", "command")}
     meta.update(merged=[str(p) for p in paths], commands=[b.get("command") for b in bodies],
