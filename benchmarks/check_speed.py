@@ -37,8 +37,7 @@ from harness.check.causal_twin import CausalTwin  # noqa: E402
 from harness.check.compare.metrics import compare_rows, rel_l2  # noqa: E402
 from harness.check.compare.step_table import RequestRows, step_table  # noqa: E402
 from harness.check.prepare import prepare  # noqa: E402
-from harness.check.step_clock import machine_cores, oracle_threads  # noqa: E402
-from harness.engine.model.presets import PRESETS  # noqa: E402
+from harness.check.step_clock import oracle_thread_count, oracle_threads  # noqa: E402
 from harness.cli.common import threads_from_env  # noqa: E402
 from harness.check.prompts import parse_prompt_lens  # noqa: E402
 from harness.engine.settings import RunSettings  # noqa: E402
@@ -104,12 +103,14 @@ def judge_step(p, s: RunSettings, result, kept: CausalTwin, fresh: CausalTwin) -
 def components(s: RunSettings, steps: int, on_step=lambda partial: None) -> dict:
     """Seconds per verify step (after step 0) of each component, both ways, over the same steps."""
     p = prepare(s, prompts_for(s))
-    kept = CausalTwin(p.engine.model, p.engine.kernel, s.device, p.engine.max_context + p.engine.q_len)
-    fresh = PrefillTwin(p.engine.model, p.engine.kernel, s.device, p.engine.max_context + p.engine.q_len)
+    kept = CausalTwin(p.engine.model, p.engine.kernel, s.device, p.engine.max_context + p.engine.q_len,
+                      threads=torch.get_num_threads())   # the engine's threads, as prepare.py twin_for
+    fresh = PrefillTwin(p.engine.model, p.engine.kernel, s.device, p.engine.max_context + p.engine.q_len,
+                        threads=torch.get_num_threads())
     t: dict[str, float] = {}
     done, twin_err = 0, 0.0
-    # as the check does: a preset's oracle on the CLI's threads, a checkpoint's on the machine's cores
-    threads = torch.get_num_threads() if s.model in PRESETS or s.device != "cpu" else machine_cores()
+    # as the check does: a preset's oracle on the CLI's threads, a checkpoint's on the cores others leave idle
+    threads = oracle_thread_count(s.model, s.device)
     for result in p.engine.rounds():
         with oracle_threads(threads):
             step_t, rows = judge_step(p, s, result, kept, fresh)

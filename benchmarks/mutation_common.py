@@ -107,6 +107,14 @@ def _caps(memory_bytes: int | None):
     return apply
 
 
+def python_path(tree: Path) -> str:
+    """TREE first, then the caller's PYTHONPATH without ROOT: packages installed with --target (a machine
+    without a venv) stay importable, and the copy's modules, never ROOT's, are the ones imported."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != ROOT.resolve()]
+    return os.pathsep.join([str(tree), *rest])
+
+
 def run_cli(tree: Path, args: list[str], out: Path, timeout_s: float | None = None,
             memory_bytes: int | None = None) -> CliRun:
     """`python -m harness run ARGS --out OUT` with TREE first on the path; past TIMEOUT_S the process group
@@ -114,7 +122,7 @@ def run_cli(tree: Path, args: list[str], out: Path, timeout_s: float | None = No
     out.unlink(missing_ok=True)
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "harness", "run", *args, "--out", str(out)], cwd=tree,
-                         env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.DEVNULL,
+                         env={**os.environ, "PYTHONPATH": python_path(tree)}, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True, preexec_fn=_caps(memory_bytes))
     try:
         _, err = p.communicate(timeout=timeout_s)

@@ -13,6 +13,7 @@ ddcheck itself on a fixed quick matrix (never by the unit tests):
   timeout     a setting ran past the per-run cap
   survived    every setting passed, and the engine's outputs differ from the unmutated tree's
   equivalent  every setting passed with the engine's outputs identical to the unmutated tree's
+  incompetent the mutated module does not compile (never run; like equivalent, not behaviour-changing)
 
 A caught mutant's explanation is scored against the truth table (its module's
 or function's stage): right, unknown (no stage named) or wrong. Writes a JSON
@@ -50,9 +51,9 @@ from typing import Callable
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
 from mutation_export import ExportedMutant, parse_shard, read_export, sha256, shard, unified_diff, write_export
-from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, in_annotation,
-                              markdown, mutant_outcome, operator_family, score_explanation, setting_outcome,
-                              stratified_sample, tally, totals)
+from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, compiles,
+                              in_annotation, markdown, mutant_outcome, operator_family, score_explanation,
+                              setting_outcome, stillborn, stratified_sample, tally, totals)
 
 TRUTH = ROOT / "benchmarks" / "mutation_truth.toml"
 LOCALIZER_FAILED = "(an internal error)"   # harness/check/crash.py's words for ddcheck's own side
@@ -146,6 +147,8 @@ def judge(m: Mutant, truth: Truth, baseline: list[str | None], mutate: Callable[
         mutate(tree)
         row["diff"] = "".join(difflib.unified_diff(before.splitlines(True), (tree / m.module).read_text()
                                                    .splitlines(True), m.module, m.module, n=0))
+        if not compiles((tree / m.module).read_text(), m.module):
+            return {**row, "outcome": "incompetent", "caught_by": None}
         runs = []
         for args in matrix:
             r = run_cli(tree, [*args, *COMMON], tree / "records.jsonl", timeout_s, memory)
@@ -213,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated mutant keys MODULE:OPERATOR:OCCURRENCE")
     ap.add_argument("--jobs", type=int, default=2, help="mutants judged at once")
+    ap.add_argument("--device", default="cpu", help="every setting's --device (cuda on a GPU machine whose Triton "
+                                                     "cannot interpret SGLang's kernels on the CPU)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per ddcheck run")
     ap.add_argument("--memory-gib", type=float, default=6.0, help="address-space cap per ddcheck run")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="start no mutant after this long (0: none)")
@@ -257,6 +262,8 @@ def merge(paths: list[Path], out: Path) -> int:
     """Shards' results files as one: every row once, the totals and tallies recomputed."""
     bodies = [json.loads(p.read_text()) for p in paths]
     rows = list({r["mutant"]: r for b in bodies for r in b["rows"]}.values())
+    rows = [{**r, "outcome": "incompetent", "caught_by": None, "explanation_score": None} if stillborn(r) else r
+            for r in rows]   # judged before the compile check
     meta = {k: v for k, v in bodies[0].items() if k not in ("totals", "per_module", "per_operator", "per_stage",
                                                              "rows", "shard", "seconds", "command")}
     meta.update(merged=[str(p) for p in paths], commands=[b.get("command") for b in bodies],
@@ -309,8 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         work = [(m, cosmic_ray_apply(a.cosmic_ray, m)) for m in chosen]
     t0 = time.monotonic()
-    baseline = baseline_fingerprints(a.timeout_s, memory)
-    meta = {"command": command, **listing, "matrix": [" ".join(m) for m in MATRIX], "common": " ".join(COMMON),
+    matrix = MATRIX if a.device == "cpu" else tuple([*m, "--device", a.device] for m in MATRIX)
+    baseline = baseline_fingerprints(a.timeout_s, memory, matrix)
+    meta = {"command": command, **listing, "matrix": [" ".join(m) for m in matrix], "common": " ".join(COMMON),
             "modules": sorted(truth.modules), "chosen": len(work), "jobs": a.jobs, "timeout_s": a.timeout_s,
             "memory_gib": a.memory_gib}
     rows: list[dict] = []
@@ -323,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
                 return
             item = next(pending, None)
             if item is not None:
-                running.add(pool.submit(judge, item[0], truth, baseline, item[1], a.timeout_s, memory))
+                running.add(pool.submit(judge, item[0], truth, baseline, item[1], a.timeout_s, memory, matrix))
 
         for _ in range(a.jobs):
             submit_next()

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # a mutant's outcome, first to last by what it says of ddcheck
-OUTCOMES = ("caught", "crash-only", "no-judge", "timeout", "survived", "equivalent")
+OUTCOMES = ("caught", "crash-only", "no-judge", "timeout", "survived", "equivalent", "incompetent")
+NOT_CHANGING = ("equivalent", "incompetent")   # outcomes of mutants that change no behaviour a run can see
 SCORES = ("right", "unknown", "wrong")
 MODULE_LEVEL = "<module>"
 INTERNAL_ERROR = "ddcheck: internal error"
@@ -129,6 +130,24 @@ def mutant_outcome(runs: list[SettingRun], baseline: list[str | None]) -> str:
     return "survived"
 
 
+def compiles(source: str, module: str) -> bool:
+    """Whether the mutated module is Python at all: a mutant that is not (cosmic-ray turns `**kwargs` into
+    `^kwargs`) is incompetent, as mutation testing names it: never run, counted apart from the
+    behaviour-changing ones, like an equivalent mutant."""
+    try:
+        compile(source, module, "exec", dont_inherit=True)
+    except SyntaxError:
+        return False
+    return True
+
+
+def stillborn(row: dict) -> bool:
+    """A row judged before the compile check: every run ended on a SyntaxError of the mutated module itself."""
+    tails = [r.get("stderr_tail") or "" for r in row.get("runs", [])]
+    where = "SyntaxError: "
+    return bool(tails) and all(where in t and f" at {row['module']}:" in t for t in tails)
+
+
 def caught_by(runs: list[SettingRun]) -> str | None:
     """How the first setting that caught the mutant caught it: `proven-crash` (the engine crashed and a stage's
     replacement made the step run and match) or `divergence` (a wrong value); None when none caught it."""
@@ -204,7 +223,7 @@ def totals(rows: list[dict]) -> dict:
     divergence (of them, how many by a wrong value and how many by a proven crash) and not judged; over caught
     ones, the explanations right / unknown / wrong."""
     t = tally([{**r, "all": "all"} for r in rows], "all").get("all", {})
-    changing = len(rows) - t.get("equivalent", 0)
+    changing = len(rows) - sum(t.get(o, 0) for o in NOT_CHANGING)
     caught = t.get("caught", 0)
     share = (lambda k, n: round(t.get(k, 0) / n, 4) if n else None)
     t["caught_by_value_divergence"] = caught - t.get(BY_PROVEN_CRASH, 0)

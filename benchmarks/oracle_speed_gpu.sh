@@ -29,7 +29,7 @@ LOG="$OUT/oracle-speed-gpu.log"
 echo "oracle_speed_gpu.sh: LAYERS=$LAYERS TOKENS=$TOKENS $(date -u +%FT%TZ)" | tee -a "$LOG"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | tee -a "$LOG"
 if [ ! -f "$CKPT/config.json" ]; then
-  PYTHONPATH=. "$PY" -c "
+  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "
 import sys; sys.path.insert(0, 'benchmarks')
 from pathlib import Path
 from random_checkpoint import write
@@ -40,7 +40,7 @@ for setting in $SETTING_GROUPS; do
   tag=${setting//:/-}; tag=${tag//,/_}
   echo "== settings $setting (budget:topk:batch), modes $MODES ==" | tee -a "$LOG"
   start=$SECONDS
-  PYTHONPATH=. timeout "$LIMIT" "$PY" benchmarks/oracle_speed.py --model "$CKPT" --device cuda \
+  PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} timeout "$LIMIT" "$PY" benchmarks/oracle_speed.py --model "$CKPT" --device cuda \
     --backend sglang-triton --cuda-graph --drafter noisy --prompt-lens 640,900 --settings "$setting" --modes "$MODES" \
     --max-new-tokens "$TOKENS" --out "$OUT/oracle-speed-gpu-${LAYERS}l-$tag.json" 2>&1 | tail -n 20 | tee -a "$LOG"
   echo "exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$LOG"

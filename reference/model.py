@@ -213,15 +213,19 @@ class DenseLlama:
 
     def _weight(self, name: str) -> Tensor:
         """The weight as this model stores it: float64 itself, or rounded (and read back as float64).
-        A rounded weight is held as float64 once when the rounded copies of every weight fit in half
-        the device's free memory (no widening per use), else in its dtype (a quarter of the bytes),
-        widened at each use: the same values either way."""
+        A weight rounding leaves unchanged (a bf16 checkpoint's, for a bf16 store) is the float64 model's
+        own tensor: no second copy in memory. Another is held as float64 once when the rounded copies of
+        every weight fit in half the device's free memory (no widening per use), else in its dtype (a
+        quarter of the bytes), widened at each use: the same values either way."""
         if self.store is exact:
             return self.w[name]
         if name not in self.stored_w:
-            if getattr(self, "hold_wide", None) is None:   # decided once, at the first weight it rounds
-                self.hold_wide = _room_for(self._float64_bytes(), self.device)
             rounded = self.store(self.w[name])
+            if torch.equal(rounded, self.w[name]):   # on the dtype's grid already (a checkpoint stored in it):
+                self.stored_w[name] = self.w[name]   # the float64 tensor itself, no copy and no widening
+                return self.w[name]
+            if getattr(self, "hold_wide", None) is None:   # decided once, at the first weight rounding moves
+                self.hold_wide = _room_for(self._float64_bytes(), self.device)
             self.stored_w[name] = rounded if self.hold_wide else rounded.to(self.store.dtype)
         held = self.stored_w[name]
         return held if held.dtype == DTYPE else held.to(DTYPE)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.check.step_clock import oracle_threads
 from harness.engine.attn.base import AttentionBackend
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import AttnMetadata, prefill_metadata
@@ -47,13 +48,25 @@ class _Prefix:
 
 
 class CausalTwin:
-    def __init__(self, model: LlamaModel, backend: AttentionBackend, device: str, max_context: int) -> None:
+    def __init__(self, model: LlamaModel, backend: AttentionBackend, device: str, max_context: int,
+                 threads: int | None = None) -> None:
+        """threads: torch's intra-op threads while the twin computes (None: whatever the caller has set). The
+        twin is the engine's computation and runs on the engine's threads (prepare.py twin_for), not on the
+        float64 oracle's around it: its per-sequence attention is many small ops, and on shared cores each
+        parallel region of one waits for a descheduled thread (check/step_clock.py idle_cores)."""
         self.model, self.backend, self.device = model, backend, device
         self.max_context = max_context
+        self.threads = threads
         self.prefixes: list[_Prefix] = []   # least recently used first
 
     def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
         """Twin logits [num_rows, vocab] float32 on the twin's device, row i for tree node i."""
+        if self.threads is None:
+            return self._tree_logits(prefix, tree)
+        with oracle_threads(self.threads):
+            return self._tree_logits(prefix, tree)
+
+    def _tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
         p = len(prefix)
         chains = [list(tree.ancestors(leaf)) for leaf in _leaves(tree)]   # root .. leaf, one sequence each
         lens = [len(c) for c in chains]

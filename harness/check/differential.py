@@ -19,12 +19,11 @@ from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
 from harness.check.crash import Crash, attribute
 from harness.check.load_agreement import explain as explain_load
-from harness.engine.model.presets import PRESETS
 from harness.check.prepare import Prepared
 from harness.check.records import NodeRecord, RecordWriter, StreamRecord
 from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
-from harness.check.step_clock import StepClock, machine_cores, oracle_threads, timed_phase
+from harness.check.step_clock import StepClock, oracle_thread_count, oracle_threads, timed_phase
 from harness.check.stop import RunStopped, StopWhy
 from harness.engine.ddtree.mask import kernel_visible
 from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
@@ -97,8 +96,8 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
     s = p.settings
     tally = AcceptanceTally()
     clock = progress.clock
-    # a preset's oracle is tiny (threads only contend); a checkpoint's wants the machine's cores
-    threads = torch.get_num_threads() if s.model in PRESETS or p.oracle_device != "cpu" else machine_cores()
+    # a preset's oracle is tiny (threads only contend); a checkpoint's wants the cores others leave idle
+    threads = oracle_thread_count(s.model, p.oracle_device)
     for result in clock.timed(p.engine.rounds()):
         progress.step, progress.in_step = result.step, True
         summary.steps += 1

@@ -235,7 +235,9 @@ def twin_for(s: RunSettings, engine: Engine) -> CausalTwin | None:
     if verdict_rule(s.dtype, s.verdict, s.tolerance is not None, s.noise_rule) is None:
         return None
     # the kernel as made: a pipeline's change to the attention is under test, the twin measures the dtype's noise
-    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len)
+    # on the engine's threads (torch's count as the engine is built: the CLI's), whatever the oracle's are
+    return CausalTwin(engine.model, engine.kernel, s.device, engine.max_context + engine.q_len,
+                      threads=torch.get_num_threads())
 
 
 def derive(p: Prepared, s: RunSettings | None = None, prompts: tuple[PromptSpec, ...] | None = None,

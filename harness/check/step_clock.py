@@ -8,11 +8,12 @@ after a synchronize, so queued kernels are counted in the step that queued them.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import math
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -92,11 +93,42 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def idle_cores(cores: int | None = None, loadavg: Callable[[], tuple[float, float, float]] | None = None,
+               host_cpus: int | None = None) -> int:
+    """The cores of this process's affinity that other processes leave idle: `cores` less their share
+    (cores / host_cpus) of the host's 1-minute load average beyond this process's own running thread, at least
+    1 (all of them where no load average is known).
+
+    On shared, loaded cores an OpenMP parallel region waits for whichever of its threads the scheduler has
+    set aside, a time slice each time: on 2 cores at a load of about 4.6, 2 threads took ~15 ms for any op,
+    a 12 x 12 tril included, where 1 took 0.01 ms, and the check of SmolLM2-135M at budget 32, topk 4,
+    batch 4 spent 68.5 s per step in the oracle against 4.1 s on 1 thread (benchmarks/README.md)."""
+    cores = machine_cores() if cores is None else cores
+    try:
+        load = (os.getloadavg if loadavg is None else loadavg)()[0]
+    except (OSError, AttributeError):   # no load average on this platform: nothing known against every core
+        return cores
+    share = cores / max(host_cpus or os.cpu_count() or cores, cores)   # the load spreads over the host's CPUs
+    others = max(0.0, load - 1.0) * share   # this process's engine thread was running: not another's
+    return max(1, min(cores, math.floor(cores - others)))
+
+
+def oracle_thread_count(model: str, oracle_device: str) -> int:
+    """torch's intra-op threads for the float64 oracle's steps: a preset's tiny oracle and a GPU oracle keep the
+    caller's (the CLI's: threads only contend there); a checkpoint's on the CPU is matmul-bound and takes the
+    cores other processes leave idle (idle_cores), never more."""
+    from harness.engine.model.presets import PRESETS   # here: the presets' imports reach the twin, which imports this
+    if model in PRESETS or oracle_device != "cpu":
+        return torch.get_num_threads()
+    return idle_cores()
+
+
 @contextmanager
 def oracle_threads(n: int) -> Iterator[None]:
     """torch's intra-op threads set to n for the float64 oracle's forwards, restored after: the CLI
     keeps the engine on few threads (tiny presets run faster so), but a checkpoint's float64 oracle
-    is matmul-bound and wants every core (issue 10: one thread made the 8B run take ~27 minutes)."""
+    is matmul-bound and wants the idle cores (issue 10: one thread made the 8B run take ~27 minutes;
+    oracle_thread_count says how many)."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(n, 1))
     try:

@@ -275,7 +275,8 @@ def plan_flags(matrix_flags: dict, run_flags: dict, device: str, fault: str | No
     kinds = {"budget": int, "topk": int, "cuda_graph": bool, "backend": str, "batch": int, "dtype": str,
              "sliding_window": int, "page_size": int, "tp": int}
     axes = {k: parse_list(_flag(k), v, kinds[k]) for k, v in matrix_flags.items() if v is not None}
-    axes.setdefault("backend", (pick_backend(None),))
+    if "backend" not in axes:   # the default backend imports SGLang to see whether it imports: only when needed
+        axes["backend"] = (pick_backend(None),)
     base = RunSettings(**run_flags, device=pick_device(device))
     full = {k: axes.get(k, AXIS_DEFAULTS[k]) for k in AXIS_DEFAULTS}
     settings = [(s, "flags") for s in Matrix("flags", full, None, run_flags["accept"]).settings(base)]

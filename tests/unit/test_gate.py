@@ -71,11 +71,18 @@ def test_fault_switched_on_in_a_case_fails_and_junit_names_the_setting(tmp_path)
 
 
 def test_usage_errors_exit_2_and_write_nothing(tmp_path):
+    """The first from a real process, the rest in this one (each process start costs seconds)."""
+    from typer.testing import CliRunner
+
+    import harness.cli.gate_cmd  # noqa: F401  (registers the command)
+    from harness.cli import app
     junit = tmp_path / "g.xml"
-    for args in (["--fault", "nope"], [str(tmp_path / "missing.toml")], ["--device", "gpu"],
+    r = _ddcheck("gate", "--fault", "nope", "--junit", str(junit))
+    assert r.returncode == 2 and r.stderr.startswith("ddcheck: error:") and not junit.exists(), r.stderr
+    for args in ([str(tmp_path / "missing.toml")], ["--device", "gpu"],
                  [str(_write(tmp_path, "bad.toml", CASE.replace('name = "padded-kv-visible"', 'name = "nope"')))]):
-        r = _ddcheck("gate", *args, "--junit", str(junit))
-        assert r.returncode == 2 and r.stderr.startswith("ddcheck: error:") and not junit.exists(), args
+        r = CliRunner().invoke(app, ["gate", *args, "--junit", str(junit)])
+        assert r.exit_code == 2 and r.stderr.startswith("ddcheck: error:") and not junit.exists(), (args, r.output)
 
 
 def test_expected_fault_not_caught_fails_the_gate(tmp_path):

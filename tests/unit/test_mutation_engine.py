@@ -159,10 +159,25 @@ def test_tallies_and_the_issue_figures():
     assert t["explained_right_share"] == 0.5 and t["explained_wrong"] == 0
 
 
+def test_an_incompetent_mutant_is_told_by_compiling_and_counts_apart_from_the_changing_ones():
+    from mutation_judging import compiles, stillborn
+    assert compiles("def f(**kw):\n    return 2 ** 3\n", "m.py")
+    assert not compiles("def f(^kw):\n    return 2\n", "m.py")   # cosmic-ray's Pow -> BitXor on **kw
+    syntax = "ddcheck: the engine under test raised SyntaxError: invalid syntax at pkg/m.py:59 (<module>) while"
+    row = {"module": "pkg/m.py", "runs": [{"stderr_tail": syntax}, {"stderr_tail": syntax}]}
+    assert stillborn(row)
+    assert not stillborn({**row, "module": "pkg/other.py"})   # a SyntaxError elsewhere is not this mutant's
+    assert not stillborn({**row, "runs": [{"stderr_tail": syntax}, {"stderr_tail": "TypeError"}]})
+    rows = [{"module": "a", "family": "AddNot", "outcome": "caught", "explanation_score": "right", "internal_error": False},
+            {"module": "a", "family": "AddNot", "outcome": "incompetent", "explanation_score": None,
+             "internal_error": False}]
+    assert totals(rows)["behaviour_changing"] == 1 and totals(rows)["caught_share"] == 1.0
+
+
 def test_markdown_table_of_a_tally():
     from mutation_judging import markdown
     rows = [{"module": "a.py", "family": "AddNot", "outcome": "caught", "explanation_score": "right",
              "internal_error": False}]
     text = markdown(tally(rows, "module"), "module").splitlines()
     assert text[0].startswith("| module | caught | caught by proven crash | crash-only |") and text[1].startswith("| --- |")
-    assert text[2] == "| a.py | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | 0 |"
+    assert text[2] == "| a.py | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 1 | 0 | 0 | 0 |"   # ... equivalent, incompetent, right ...

@@ -96,7 +96,24 @@ def test_rounded_weights_held_either_way_give_the_same_logits(wide):
     held.hold_wide, fresh.hold_wide = wide, not wide
     a, b = held.forward(PREFIX).logits, fresh.forward(PREFIX).logits
     assert torch.equal(a, b) and not torch.equal(a, model.forward(PREFIX).logits)
-    dtypes = {t.dtype for t in held.stored_w.values()}
+    dtypes = {t.dtype for n, t in held.stored_w.items() if t is not model.w[n]}   # the rounded copies held
     assert dtypes == ({torch.float64} if wide else {torch.bfloat16})
     w = held._weight("model.layers.0.mlp.up_proj.weight")
     assert torch.equal(w, w.to(torch.bfloat16).double())             # the values are bf16's
+
+
+def test_weights_on_the_grid_are_not_copied(monkeypatch):
+    """A checkpoint stored in bf16: rounding its weights to bf16 changes nothing, so the rounded model computes
+    with the float64 model's own tensors (no second float64 copy, none narrow to widen per use), bit for bit
+    the model it was (every weight rounded and held apart)."""
+    model = DenseLlama(CFG, {n: t.to(torch.bfloat16) for n, t in weights().items()})
+    shared = model.rounded(torch.bfloat16)
+    a = shared.forward(PREFIX).logits
+    assert shared.stored_w and all(t is model.w[n] for n, t in shared.stored_w.items())
+    assert shared.hold_wide is None   # nothing rounding moves: no room for copies was ever asked for
+    monkeypatch.setattr(torch, "equal", lambda x, y: False)   # every weight rounded and held apart, as before
+    apart = model.rounded(torch.bfloat16)
+    b = apart.forward(PREFIX).logits
+    assert not any(t is model.w[n] for n, t in apart.stored_w.items())
+    monkeypatch.undo()
+    assert torch.equal(a, b)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case
+from harness.cli.sweep_cmd import CASE_OWNED, parse_list, plan_case, plan_flags
 from harness.engine.settings import RunSettings, UsageError
 from harness.workflows.sweep import SettingJob, SettingResult, run_jobs, summary_frame, verdict, write_jsonl
 
@@ -21,6 +21,22 @@ def test_parse_list():
     with pytest.raises(UsageError, match="--cuda-graph"):
         parse_list("--cuda-graph", "maybe", bool)
 
+
+
+def test_a_backend_given_on_the_command_line_is_taken_without_asking_for_the_default(monkeypatch):
+    """The default backend imports SGLang to see whether it imports (seconds of a sweep's start, and of
+    each of its usage errors): only a sweep that names no --backend asks for it."""
+    import harness.engine.attn as attn
+
+    def default_backend():
+        raise AssertionError("the default backend was asked for")
+
+    monkeypatch.setattr(attn, "default_backend", default_backend)
+    none = dict.fromkeys(("budget", "topk", "cuda_graph", "batch", "dtype", "sliding_window", "page_size", "tp"))
+    jobs = plan_flags({**none, "backend": "torch,nope"}, dict(CASE_OWNED), "cpu", None)
+    assert [j.settings.backend for j in jobs] == ["torch", "nope"]
+    with pytest.raises(AssertionError, match="default backend"):
+        plan_flags({**none, "backend": None}, dict(CASE_OWNED), "cpu", None)
 
 @pytest.mark.slow
 def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
@@ -50,10 +66,10 @@ def test_pool_runs_settings_in_order_and_one_jsonl_holds_them(tmp_path):
 @pytest.mark.slow
 def test_sweep_cli_exit_codes_and_nothing_written_on_usage_error(tmp_path):
     out = tmp_path / "s.jsonl"
-    bad = _ddcheck("sweep", "--budget", "8,x", "--out", str(out))
-    assert bad.returncode == 2 and "--budget" in bad.stderr and not out.exists()
-    bad = _ddcheck("sweep", "--backend", "nope", "--out", str(out))
-    assert bad.returncode == 2 and "nope" in bad.stderr and not out.exists()
+    # the usage errors in this process (exit 2 from a real process: test_sweep_case_rejects_the_flags_...)
+    for flags, named in ((["--budget", "8,x"], "--budget"), (["--backend", "nope"], "nope")):
+        bad = _in_process("sweep", *flags, "--out", str(out))
+        assert bad.exit_code == 2 and named in bad.stderr and not out.exists(), bad.output
     div = _ddcheck("sweep", "--budget", "4,16", "--backend", "torch", "--max-new-tokens", "2", "--jobs", "1",
                    "--fault", "padded-kv-visible", "--out", str(out), "--html", str(tmp_path / "s.html"))
     # budget 4 with topk 1 fills every verify row (no padding): the fault cannot show there, so only budget 16 runs
@@ -65,6 +81,14 @@ def test_sweep_cli_exit_codes_and_nothing_written_on_usage_error(tmp_path):
                   "--jobs", "1", "--out", str(out))
     assert ok.returncode == 0, ok.stderr
     assert out.read_text().count('"kind": "summary"') == 2
+
+
+def _in_process(*args):
+    from typer.testing import CliRunner
+
+    from harness.cli import _register, app
+    _register()
+    return CliRunner().invoke(app, list(args))
 
 
 def _ddcheck(*args):

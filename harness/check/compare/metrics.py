@@ -68,14 +68,26 @@ def metric_columns(engine: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     scale = ref.abs().amax(-1).clamp_min(1e-30)                               # [n] max |ref|
     top2 = torch.topk(ref, 2, -1).values if ref.shape[-1] > 1 else ref.amax(-1, keepdim=True).expand(-1, 2)
     gap = (top2[:, 0] - top2[:, 1]) / scale                                   # [n]
-    rel = (e - ref).abs().amax(-1) / scale                                    # [n]
+    rel = _rel_err(e, ref, scale, finite)                                     # [n]
     log_p, log_q = torch.log_softmax(ref, -1), torch.log_softmax(e, -1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).clamp_min(0.0)               # [n] KL(ref || engine)
     agree = e.argmax(-1) == ref.argmax(-1)                                    # [n]
-    inf = torch.full_like(rel, float("inf"))
-    rel, kl = torch.where(finite, rel, inf), torch.where(finite, kl, inf)
+    kl = torch.where(finite, kl, torch.full_like(kl, float("inf")))
     agree = agree & finite
     return torch.stack([rel, agree.double(), kl, gap, finite.double(), scale], -1)   # [n, 6]
+
+
+def rel_err_column(engine: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """metric_columns' rel_err column alone, [n] float64 on ref's device: what a yardstick's rows (the twin's,
+    the rounded computation's) are judged by, without the softmaxes, top-2 and argmax of the other columns."""
+    e = engine.to(ref.device, torch.float64)                                  # [n, vocab]
+    return _rel_err(e, ref, ref.abs().amax(-1).clamp_min(1e-30), torch.isfinite(e).all(-1))
+
+
+def _rel_err(e: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """max |e - ref| / scale per row, inf where a row of e is not finite: [n]."""
+    rel = (e - ref).abs().amax(-1) / scale                                    # [n]
+    return torch.where(finite, rel, torch.full_like(rel, float("inf")))
 
 
 def metrics_of(row: list[float]) -> NodeMetrics:

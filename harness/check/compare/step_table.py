@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.check.compare.metrics import METRIC_COLUMNS, NodeMetrics, metric_columns, metrics_of, rel_l2_column
+from harness.check.compare.metrics import (METRIC_COLUMNS, NodeMetrics, metric_columns, metrics_of, rel_err_column,
+                                          rel_l2_column)
 
 # the noise-floor columns after METRIC_COLUMNS; NaN where the run has no twin
 NOISE_COLUMNS = ("twin_err", "rounded_err", "twin_dist", "rel_l2", "twin_l2", "rounded_l2")
@@ -60,8 +61,8 @@ def request_columns(r: RequestRows, device: torch.device) -> torch.Tensor:
             twin, rounded = r.twin[:real].to(device), r.rounded[:real].to(device)    # [real, vocab] each
             scale = ref.abs().amax(-1).clamp_min(1e-30)                              # [real] max |ref|
             c = len(METRIC_COLUMNS)
-            out[:real, c] = metric_columns(twin, ref)[:, 0]
-            out[:real, c + 1] = metric_columns(rounded, ref)[:, 0]
+            out[:real, c] = rel_err_column(twin, ref)        # the yardsticks' rel_err alone: no softmax of them
+            out[:real, c + 1] = rel_err_column(rounded, ref)
             out[:real, c + 2] = (engine[:real].double() - twin.double()).abs().amax(-1) / scale
             for j, x in enumerate((engine[:real], twin, rounded)):
                 out[:real, c + 3 + j] = rel_l2_column(x, ref)

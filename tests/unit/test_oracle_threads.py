@@ -1,0 +1,63 @@
+"""The float64 oracle's threads (check/step_clock.py): a checkpoint's oracle on the CPU takes the cores other
+processes leave idle, never every core of a loaded machine, and the causal twin computes on the engine's threads
+whatever the oracle's are. On 2 shared cores at a load of ~4.6, 2 threads made every op wait for a descheduled
+thread: the oracle of SmolLM2-135M at budget 32, topk 4, batch 4 took 68.5 s per step, 4.1 s on 1 thread
+(benchmarks/README.md, oracle-speed)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+import harness.check.differential as differential
+from harness.check.differential import check
+from harness.check.prepare import prepare
+from harness.check.records import RecordWriter
+from harness.check.step_clock import idle_cores, machine_cores, oracle_thread_count
+from harness.engine.settings import RunSettings
+
+
+def test_idle_cores_leave_the_load_of_others():
+    assert idle_cores(2, lambda: (4.6, 4.0, 3.0), 2) == 1          # loaded: one thread, never two
+    assert idle_cores(2, lambda: (1.0, 1.0, 1.0), 2) == 2          # only this process runs: every core
+    assert idle_cores(16, lambda: (3.5, 0.0, 0.0), 16) == 13       # 2.5 cores busy elsewhere
+    assert idle_cores(16, lambda: (0.2, 0.0, 0.0), 16) == 16
+    assert idle_cores(2, lambda: (30.0, 0.0, 0.0), 64) == 1        # 2 of 64 host CPUs: their share of the load
+    assert idle_cores(8, lambda: (9.0, 0.0, 0.0), 64) == 7
+
+    def unknown():
+        raise OSError("no load average")
+    assert idle_cores(4, unknown, 4) == 4
+
+
+def test_a_checkpoint_oracle_on_the_cpu_takes_the_idle_cores(monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (50.0 * (os.cpu_count() or 1), 0.0, 0.0), raising=False)
+    assert oracle_thread_count("smollm2-135m", "cpu") == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0), raising=False)
+    assert oracle_thread_count("smollm2-135m", "cpu") == machine_cores()
+    before = torch.get_num_threads()
+    assert oracle_thread_count("tiny", "cpu") == before            # a preset: the caller's threads
+    assert oracle_thread_count("smollm2-135m", "cuda") == before   # a GPU oracle: the caller's threads
+
+
+def test_the_twin_runs_on_the_engine_threads_the_oracle_on_its_own(monkeypatch):
+    torch.set_num_threads(1)   # the CLI's engine threads
+    p = prepare(RunSettings(backend="torch", dtype="bfloat16", topk=2, budget=6, batch=2, max_new_tokens=6))
+    assert p.twin is not None and p.rule is not None
+    monkeypatch.setattr(differential, "oracle_thread_count", lambda model, device: 2)
+    seen: dict[str, set[int]] = {"twin": set(), "oracle": set()}
+    twin_logits, prepare_step = p.twin._tree_logits, p.oracle.prepare_step
+
+    def twin(*a, **k):
+        seen["twin"].add(torch.get_num_threads())
+        return twin_logits(*a, **k)
+
+    def oracle(*a, **k):
+        seen["oracle"].add(torch.get_num_threads())
+        return prepare_step(*a, **k)
+    monkeypatch.setattr(p.twin, "_tree_logits", twin)
+    monkeypatch.setattr(p.oracle, "prepare_step", oracle)
+    summary = check(p, RecordWriter(None), localize=False)
+    assert summary.passed and summary.steps > 1
+    assert seen == {"twin": {1}, "oracle": {2}}
+    assert torch.get_num_threads() == 1
