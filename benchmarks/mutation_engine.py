@@ -216,8 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma-separated mutant keys MODULE:OPERATOR:OCCURRENCE")
     ap.add_argument("--jobs", type=int, default=2, help="mutants judged at once")
-    ap.add_argument("--device", default="cpu", help="every setting's --device (cuda on a GPU machine whose Triton "
-                                                     "cannot interpret SGLang's kernels on the CPU)")
+    ap.add_argument("--device", default="cpu", help="--device of the settings on SGLang's kernels (cuda on a GPU "
+                                                     "machine whose Triton cannot interpret them on the CPU)")
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per ddcheck run")
     ap.add_argument("--memory-gib", type=float, default=6.0, help="address-space cap per ddcheck run")
     ap.add_argument("--time-budget-s", type=float, default=0.0, help="start no mutant after this long (0: none)")
@@ -245,8 +245,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not a.from_file and (not a.cosmic_ray or not shutil.which(a.cosmic_ray)):
         ap.error("cosmic-ray 8.x not found: install the [mutate] extra (a venv of its own) and pass --cosmic-ray, "
                  "or judge an export with --from")
-    if a.sample < 0 or a.jobs < 1 or a.timeout_s <= 0 or a.memory_gib <= 0:
-        ap.error("--sample >= 0, --jobs >= 1, --timeout-s > 0 and --memory-gib > 0")
+    if a.sample < 0 or a.jobs < 1 or a.timeout_s <= 0 or a.memory_gib < 0:
+        ap.error("--sample >= 0, --jobs >= 1, --timeout-s > 0 and --memory-gib >= 0 (0: no cap)")
     return a
 
 
@@ -316,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         work = [(m, cosmic_ray_apply(a.cosmic_ray, m)) for m in chosen]
     t0 = time.monotonic()
-    matrix = MATRIX if a.device == "cpu" else tuple([*m, "--device", a.device] for m in MATRIX)
+    # --device: the settings that run SGLang's kernels (the torch backend's graphs are CPU twins only)
+    matrix = MATRIX if a.device == "cpu" else tuple([*m, "--device", a.device if m[-1].startswith("sglang") else "cpu"]
+                                                    for m in MATRIX)
     baseline = baseline_fingerprints(a.timeout_s, memory, matrix)
     meta = {"command": command, **listing, "matrix": [" ".join(m) for m in matrix], "common": " ".join(COMMON),
             "modules": sorted(truth.modules), "chosen": len(work), "jobs": a.jobs, "timeout_s": a.timeout_s,
