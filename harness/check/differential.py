@@ -595,7 +595,8 @@ def _drift_by_replacement(p: Prepared, summary: CheckSummary) -> None:
 def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
     """The first divergent (or crashed) step rerun with one stage's output replaced at a time
     (harness/check/localize/stage_swap.py): what each replacement did joins the summary; the stage whose
-    replacement made the step correct is named where the audits named none (a crash: where its file named it)."""
+    replacement made the step correct is named where the audits named none or only the model's outputs (a crash:
+    where its file named it)."""
     from harness.check.localize.stage_swap import proven, prove_crash, prove_divergent_step
     first = summary.first
     try:
@@ -625,7 +626,9 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
         _crash_proven(summary, cause)
         if summary.quantity in (None, "crash"):
             summary.stage, summary.quantity = cause.stage, "crash"
-    elif summary.stage is None:   # no audit measured a wrong quantity: the proof names the stage
+    elif summary.stage is None or summary.stage == "model":
+        # no audit measured a wrong quantity, or only the model's outputs (logits, a cached K/V) were seen wrong:
+        # a replaced engine stage made the step correct, so that stage is named, not the model it fed
         summary.stage, summary.quantity = cause.stage, "replacement"
 
 

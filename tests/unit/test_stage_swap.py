@@ -78,7 +78,31 @@ def test_a_graph_replay_bug_is_proven_by_the_eager_forward(base):
     s = check(p, RecordWriter(None), localize=False)
     found = prove_divergent_step(p, s.first.step)
     assert [(r.stage, r.correct) for r in found] == [("commit", False), ("verify inputs", False),
-                                                      ("graph", True)], [r.sentence() for r in found]
+                                                      ("attention", False), ("graph", True)], \
+        [r.sentence() for r in found]
+
+
+def test_an_attention_bug_under_graphs_is_the_attentions_not_the_graphs(base):
+    """The narrower replacement first: the eager forward would run the same broken backend's eager path, the
+    float64 attention replaces the backend alone."""
+    p = derive(base, replace(SETTING, cuda_graph=True), pipeline=replace(base.engine.pipeline, attention=_ScaleOff))
+    s = check(p, RecordWriter(None), localize=False)
+    found = prove_divergent_step(p, s.first.step)
+    assert proven(found).stage == "attention" and "graph" not in [r.stage for r in found], \
+        [r.sentence() for r in found]
+
+
+def test_the_stand_in_computes_its_own_scale_and_a_wrong_sm_scale_is_the_attentions(base, monkeypatch, tmp_path):
+    """A softmax scale 3% off in LayerAttention.sm_scale (what every backend calls): the float64 stand-in,
+    which computes the scale itself, makes the step correct; the run names the attention stage even where
+    an audit saw only the model's outputs wrong (a cached K/V of a later layer)."""
+    from harness.engine.attn.base import LayerAttention
+    real = LayerAttention.sm_scale
+    monkeypatch.setattr(LayerAttention, "sm_scale", lambda self, d: 1.03 * real(self, d))
+    p = derive(base)
+    s = check(p, RecordWriter(tmp_path / "r.jsonl"))
+    assert not s.passed and s.stage == "attention", (s.stage, s.quantity, s.explanation)
+    assert any(r["stage"] == "attention" and r["correct"] for r in s.replacements), s.replacements
 
 
 def test_the_independent_batch_is_the_engines_on_a_correct_run(base):
@@ -118,7 +142,7 @@ def test_a_crash_in_the_graph_replay_is_proven_by_the_eager_forward(base, monkey
     p = derive(base, replace(SETTING, cuda_graph=True))
     found = prove_crash(p, 0)
     assert [(r.stage, r.correct) for r in found] == [("tree build", False), ("mask", False), ("verify inputs", False),
-                                                 ("graph", True)], \
+                                                 ("attention", False), ("graph", True)], \
         [r.sentence() for r in found]
     assert found[-1].error_before is None and found[-1].error_after <= 1
 

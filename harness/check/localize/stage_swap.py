@@ -85,17 +85,19 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
     # (localize/bookkeeping.py) tells those two apart, this rung only that the cache disagrees with the ids
     rungs = [("commit", "the cache rebuilt from the token ids", None, _rebuild_committed_kv),
              ("verify inputs", "a batch laid out from the trees and token ids", None, _independent_verify_inputs)]
+    # the attention before the graph runner: the narrower replacement first (the eager forward replaces the
+    # backend's graph-only path too, so a backend bug seen only under graphs would be the graph's)
+    rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_at_step))
     if p.settings.cuda_graph:   # the run without the graph runner: the same batches, forwarded eagerly
         rungs.append(("graph", "the eager forward", _eager, None))
-    rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_at_step))
     return _climb(p, step, before, rungs)
 
 
 def prove_crash(p, step: int) -> list[Replacement]:
     """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
-    verify-inputs stage -> batches laid out from the trees and token ids, graph replay -> eager (graph runs
-    only), attention kernel -> float64, the commit -> each round's rows freed and every live request's cache
+    verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
+    replay -> eager (graph runs only), the commit -> each round's rows freed and every live request's cache
     rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
@@ -103,9 +105,9 @@ def prove_crash(p, step: int) -> list[Replacement]:
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
              ("verify inputs", "batches laid out from the trees and token ids", None,
               _independent_verify_inputs_throughout)]
-    if p.settings.cuda_graph:
-        rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
+    if p.settings.cuda_graph:   # after the attention, as for a divergent step
+        rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
     return _climb(p, step, None, rungs)
 

@@ -55,7 +55,9 @@ def exact_attention(q, keys, vals, visible, layer_attn: LayerAttention) -> torch
     """softmax(scale q k^T) v in float64 with GQA; q [n, heads, d], keys/vals [m, kv_heads, d], visible [n, m]."""
     group = q.shape[1] // keys.shape[1]
     keys, vals = keys.repeat_interleave(group, dim=1), vals.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q, keys) * layer_attn.sm_scale(q.shape[-1])   # [heads, n, m]
+    # the scale computed here, not by LayerAttention.sm_scale: the stand-in shares no arithmetic with the backends
+    scale = layer_attn.scaling if layer_attn.scaling is not None else q.shape[-1] ** -0.5
+    scores = torch.einsum("qhd,khd->hqk", q, keys) * scale   # [heads, n, m]
     if layer_attn.logit_cap > 0:
         scores = layer_attn.logit_cap * torch.tanh(scores / layer_attn.logit_cap)
     scores = scores.masked_fill(~visible[None], float("-inf"))
