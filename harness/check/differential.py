@@ -626,10 +626,17 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
         _crash_proven(summary, cause)
         if summary.quantity in (None, "crash"):
             summary.stage, summary.quantity = cause.stage, "crash"
-    elif summary.stage is None or summary.stage == "model":
-        # no audit measured a wrong quantity, or only the model's outputs (logits, a cached K/V) were seen wrong:
-        # a replaced engine stage made the step correct, so that stage is named, not the model it fed
+    elif proof_overrides(summary.stage, found):
         summary.stage, summary.quantity = cause.stage, "replacement"
+
+
+def proof_overrides(audit_stage: str | None, found: list) -> bool:
+    """Whether a proven stage replaces the one the audits named: where they named none; where they saw only the
+    model's outputs wrong (logits, a cached K/V: a replaced engine stage made the step correct, so that stage
+    fed the model); or where the audits' own stage was replaced without making the step correct (refuted)."""
+    if audit_stage is None or audit_stage == "model":
+        return True
+    return any(r.stage == audit_stage and not r.correct for r in found)
 
 
 def _crash_proven(summary: CheckSummary, cause) -> None:

@@ -152,3 +152,14 @@ def test_a_rung_that_replaces_nothing_proves_nothing(base, monkeypatch):
     monkeypatch.setattr(stage_swap, "rebuild_committed", lambda engine: None)
     found = _proof(base, commit=_commit_short)
     assert not found[0].correct and found[0].error_after > 1
+
+
+def test_a_proof_replaces_the_audits_stage_only_where_the_evidence_refutes_it():
+    from harness.check.differential import proof_overrides
+    from harness.check.localize.stage_swap import Replacement
+    ladder = [Replacement("commit", "x", 0, 5.0, 4.0, False, ""), Replacement("verify inputs", "x", 0, 5.0, 3.0, False, ""),
+              Replacement("graph", "x", 0, 5.0, 0.01, True, "")]
+    assert proof_overrides(None, ladder) and proof_overrides("model", ladder)
+    assert proof_overrides("verify inputs", ladder)   # its own replacement left the step wrong
+    assert not proof_overrides("accept", ladder)       # never replaced: the audit's measured quantity stands
+    assert not proof_overrides("graph", ladder)
