@@ -98,6 +98,18 @@ def test_workers_die_with_a_killed_sweep(tmp_path):
     assert not alive, f"{len(alive)} workers outlived the sweep"
 
 
+def _setting_workers(parent) -> list:
+    """The gate's pool workers (multiprocessing's spawned processes), not its other children."""
+    out = []
+    for c in parent.children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(c.cmdline()):
+                out.append(c)
+        except psutil.Error:   # a child that ended meanwhile
+            pass
+    return out
+
+
 def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
     """The previous run's JSONL, JUnit, JSON ("passed": true) and HTML are
     replaced by the gate's "incomplete" placeholders once its work starts:
@@ -113,10 +125,10 @@ def test_a_killed_gate_leaves_no_stale_verdict(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)
     deadline = time.time() + 240
-    while time.time() < deadline and not parent.children(recursive=True):   # a worker: the settings run
-        time.sleep(0.2)
+    while time.time() < deadline and not _setting_workers(parent):   # a pool worker: the settings run
+        time.sleep(0.2)             # (not any child: multiprocessing's resource tracker may start first)
+    assert _setting_workers(parent), "the gate started no worker"
     workers = parent.children(recursive=True)
-    assert workers, "the gate started no worker"
     proc.kill()
     proc.wait(timeout=30)
     time.sleep(1)
