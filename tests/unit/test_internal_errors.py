@@ -72,6 +72,16 @@ def _tree_with(tmp_path, module: str, line: str):
     return tmp_path
 
 
+def _tree_replacing(tmp_path, module: str, old: str, new: str):
+    """A copy of ddcheck's packages with OLD replaced by NEW in MODULE (a mutant; OLD must be there)."""
+    tree = _tree_with(tmp_path, module, "")
+    f = tree / module
+    src = f.read_text()
+    assert old in src, f"{module} no longer holds {old!r}"
+    f.write_text(src.replace(old, new))
+    return tree
+
+
 def _run_cli(tree, *args):
     import os
     import subprocess
@@ -138,11 +148,8 @@ def test_a_graph_kv_indptr_one_short_under_the_interpreter_is_an_engine_crash_no
     """The graph runner's static kv_indptr two entries short (a cosmic-ray mutant, `bucket + 1` -> `bucket - 1`):
     SGLang's interpreted kernel read past it and the run died by signal 11 with no records."""
     import json
-    tree = _tree_with(tmp_path, "harness/engine/graph.py", "")
-    graph = tree / "harness/engine/graph.py"
-    src = graph.read_text()
-    assert "kv_indptr=torch.arange(bucket + 1, **i64)" in src
-    graph.write_text(src.replace("kv_indptr=torch.arange(bucket + 1, **i64)", "kv_indptr=torch.arange(bucket - 1, **i64)"))
+    tree = _tree_replacing(tmp_path, "harness/engine/graph.py", "kv_indptr=torch.arange(bucket + 1, **i64)",
+                           "kv_indptr=torch.arange(bucket - 1, **i64)")
     out = tree / "r.jsonl"
     import os
     import subprocess
@@ -203,9 +210,8 @@ def test_a_kernel_call_that_kills_its_process_is_an_engine_crash_with_a_summary(
     buffers and the process dies by signal 11 (no exception to catch). The command's parent process
     reads the fault handler's stack and gives the verdict (harness/cli/watchdog.py)."""
     import json
-    tree = _tree_with(tmp_path, "harness/engine/attn/sglang_unified.py", "")
-    f = tree / "harness/engine/attn/sglang_unified.py"
-    f.write_text(f.read_text().replace("bs = meta.qo_indptr.numel() - 1", "bs = meta.qo_indptr.numel() ^ 1"))
+    tree = _tree_replacing(tmp_path, "harness/engine/attn/sglang_unified.py", "bs = meta.qo_indptr.numel() - 1",
+                           "bs = meta.qo_indptr.numel() ^ 1")
     out = tree / "r.jsonl"
     r = _run_cli(tree, "--backend", "sglang-unified", "--budget", "16", "--out", str(out))
     if r.returncode == 0:
@@ -226,11 +232,8 @@ def test_a_syntax_error_in_an_engine_module_is_the_engines_not_its_importers(tmp
     """cosmic-ray's `while active := ...` -> `while not active := ...` in the engine loop does not compile:
     the SyntaxError's frames end in the importer (harness/check/prepare.py), which made it ddcheck's
     internal error (exit 3); the error is in the file being compiled."""
-    tree = _tree_with(tmp_path, "harness/engine/loop.py", "")
-    f = tree / "harness/engine/loop.py"
-    src = f.read_text()
-    assert "while active := self._retire_finished():" in src
-    f.write_text(src.replace("while active := self._retire_finished():", "while not active := self._retire_finished():"))
+    tree = _tree_replacing(tmp_path, "harness/engine/loop.py", "while active := self._retire_finished():",
+                           "while not active := self._retire_finished():")
     r = _run_cli(tree)
     assert r.returncode == 1, r.stderr
     (line,) = r.stderr.strip().splitlines()
@@ -259,11 +262,8 @@ def test_an_allocator_whose_owned_is_no_set_is_the_engines_crash_not_the_canarys
     was: the KV canary tested membership in it (`s not in allocated`, provenance.py) and raised, an internal
     error (exit 3). The engine's loop hands the canary the allocator's slots as a set: its own raise."""
     import json
-    tree = _tree_with(tmp_path, "harness/engine/mem/allocator.py", "")
-    f = tree / "harness/engine/mem/allocator.py"
-    src = f.read_text()
-    assert "    @property\n    def owned(self)" in src
-    f.write_text(src.replace("    @property\n    def owned(self)", "    def owned(self)"))
+    tree = _tree_replacing(tmp_path, "harness/engine/mem/allocator.py", "    @property\n    def owned(self)",
+                           "    def owned(self)")
     out = tree / "r.jsonl"
     r = _run_cli(tree, "--budget", "8", "--topk", "1", "--no-cuda-graph", "--out", str(out))
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
@@ -279,11 +279,8 @@ def test_a_graph_mask_indptr_shorter_than_the_live_mask_is_named_not_an_audit_cr
     mutant): its mask_indptr ends before the live requests' mask, and the graph audit built a tensor of
     negative size (the localizer failed: an internal error beside a caught divergence). Now it names it."""
     import json
-    tree = _tree_with(tmp_path, "harness/engine/graph.py", "")
-    graph = tree / "harness/engine/graph.py"
-    src = graph.read_text()
-    assert "mask_sizes = n * (seq_lens + n)" in src
-    graph.write_text(src.replace("mask_sizes = n * (seq_lens + n)", "mask_sizes = n + (seq_lens + n)"))
+    tree = _tree_replacing(tmp_path, "harness/engine/graph.py", "mask_sizes = n * (seq_lens + n)",
+                           "mask_sizes = n + (seq_lens + n)")
     out = tree / "r.jsonl"
     r = _run_cli(tree, "--backend", "torch", "--cuda-graph", "--budget", "8", "--topk", "4", "--batch", "3",
                  "--stop-after", "1", "--out", str(out))
