@@ -50,7 +50,8 @@ from pathlib import Path
 from typing import Callable
 
 from mutation_common import GiB, ROOT, CliRun, copy_tree, run_cli
-from mutation_export import ExportedMutant, parse_shard, read_export, sha256, shard, unified_diff, write_export
+from mutation_export import (ExportedMutant, parse_shard, pick, read_export, sha256, shard, unified_diff,
+                             write_export)
 from mutation_judging import (INTERNAL_ERROR, Mutant, SettingRun, Truth, annotation_spans, caught_by, compiles,
                               in_annotation, markdown, mutant_outcome, operator_family, score_explanation,
                               setting_outcome, stillborn, stratified_sample, tally, totals)
@@ -228,13 +229,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(nothing is judged)")
     ap.add_argument("--from", dest="from_file", metavar="FILE", help="judge the mutants of an --export file, "
                     "each diff applied in plain Python (no cosmic-ray)")
+    ap.add_argument("--skip", nargs="+", default=[], metavar="JSON", help="with --from: leave out the mutants "
+                    "these results files judged")
     ap.add_argument("--shard", metavar="I/N", help="with --from: judge only the mutants whose index is I mod N")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="results files of shards into one (--out)")
     a = ap.parse_args(argv)
     if a.tables or a.merge:
         return a
-    if a.shard and not a.from_file:
-        ap.error("--shard goes with --from")
+    if (a.shard or a.skip) and not a.from_file:
+        ap.error("--shard and --skip go with --from")
     if a.shard:
         try:
             parse_shard(a.shard)
@@ -301,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args)
     if a.from_file:
         listing, exported = read_export(Path(a.from_file), ROOT)
+        judged = {r["mutant"] for f in a.skip for r in json.loads(Path(f).read_text())["rows"]}
+        try:
+            exported = pick(exported, set(filter(None, a.only.split(","))), judged)
+        except ValueError as e:   # a usage error: nothing judged, nothing written
+            print(f"mutation_engine.py: error: --only: {e}", file=sys.stderr)
+            return 2
         if a.shard:
             exported = shard(exported, *parse_shard(a.shard))
         work = [(e.mutant, e.apply) for e in exported]

@@ -136,3 +136,13 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def shard(items: list, i: int, n: int) -> list:
     return [x for k, x in enumerate(items) if k % n == i]
+
+
+def pick(exported: list[ExportedMutant], only: set[str], judged: set[str]) -> list[ExportedMutant]:
+    """The exported mutants named in `only` (empty: all), less those already `judged` (keys of earlier results
+    files: a run that goes on where they stopped, or judges again what a change to ddcheck may judge apart)."""
+    unknown = only - {e.mutant.key for e in exported}
+    if unknown:
+        raise ValueError(f"not in the export: {', '.join(sorted(unknown)[:3])}"
+                         f"{' and more' if len(unknown) > 3 else ''}")
+    return [e for e in exported if (not only or e.mutant.key in only) and e.mutant.key not in judged]

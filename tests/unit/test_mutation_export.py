@@ -78,3 +78,17 @@ def test_shards_split_the_list_once():
     for bad in ("3/3", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError):
             parse_shard(bad)
+
+
+def test_pick_keeps_the_named_mutants_less_the_judged_ones_and_refuses_an_unknown_key():
+    from mutation_export import pick
+    mutants = [ExportedMutant(Mutant(MASK, "core/NumberReplacer", k, 10 + k, 0, "f"), "mask",
+                              unified_diff(MASK, BEFORE, BEFORE.replace(f"line {k + 1}\n", "x\n")))
+               for k in range(4)]
+    keys = [e.mutant.key for e in mutants]
+    assert [e.mutant.key for e in pick(mutants, set(), set())] == keys
+    assert [e.mutant.key for e in pick(mutants, {keys[1], keys[3]}, set())] == [keys[1], keys[3]]
+    assert [e.mutant.key for e in pick(mutants, set(), {keys[0]})] == keys[1:]
+    assert [e.mutant.key for e in pick(mutants, {keys[1], keys[2]}, {keys[2]})] == [keys[1]]
+    with pytest.raises(ValueError, match="not in the export"):
+        pick(mutants, {"harness/engine/ddtree/mask.py:core/AddNot:9"}, set())
