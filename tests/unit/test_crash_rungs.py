@@ -109,11 +109,16 @@ def _model_raises(at_verify_only: bool):
     return window_meta
 
 
-@pytest.mark.parametrize("at_verify_only", [True, False])
-def test_a_raise_of_the_models_own_code_is_proven_model(base, monkeypatch, at_verify_only):
-    """At the verify only (step 0 raises), or at every forward (the prefill raises: no step produced)."""
+# trees narrower than the verify width (depth 3, one child each: 4 of 9 rows real): padding rows in every step
+PADDED = replace(SETTING, topk=1, block_size=4)
+
+
+@pytest.mark.parametrize("at_verify_only, setting", [(True, SETTING), (False, SETTING), (True, PADDED)])
+def test_a_raise_of_the_models_own_code_is_proven_model(base, monkeypatch, at_verify_only, setting):
+    """At the verify only (step 0 raises), or at every forward (the prefill raises: no step produced); the
+    replaced forward's padding rows are finite."""
     monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(at_verify_only))
-    s = _check(base)
+    s = check(derive(base, setting), RecordWriter(None))
     assert s.crash["side"] == "engine" and s.crash["where"].startswith("harness/engine/model/llama.py"), s.crash
     assert [r["stage"] for r in s.replacements] == BEFORE + ["accept", "commit", "model"], s.replacements
     assert s.replacements[-1]["correct"] and not any(r["correct"] for r in s.replacements[:-1])
