@@ -166,3 +166,13 @@ def test_the_oracles_forward_matches_the_oracle_at_the_step(base, monkeypatch):
     monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(False))
     after, note = _judged_step(derive(base, SETTING), 1, crash_rungs._oracle_forward_throughout)
     assert after is not None and after < 1e-3, (after, note)
+
+
+def test_under_graphs_a_raise_of_the_models_own_code_is_the_models_not_the_graphs(base, monkeypatch):
+    """The eager forward (the graph rung) runs the same model code and raises too; the model rung, eager itself,
+    proves it."""
+    monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(True))
+    s = check(derive(base, replace(SETTING, cuda_graph=True)), RecordWriter(None))
+    assert [(r["stage"], r["correct"]) for r in s.replacements][-5:] == [
+        ("attention", False), ("graph", False), ("accept", False), ("commit", False), ("model", True)], s.replacements
+    assert s.stage == "model" and s.first.what == PROVEN_CRASH
