@@ -124,7 +124,8 @@ def _inputs_raise(*args, **kwargs):
     (dict(build_tree=_tree_raises), "tree build", ["tree build"]),
     (dict(build_mask=_mask_raises), "mask", ["tree build", "mask"]),
     (dict(build_verify_batch=_inputs_raise), "verify inputs", ["tree build", "mask", "verify inputs"]),
-    (dict(commit=_commit_raises), "commit", ["tree build", "mask", "verify inputs", "attention", "commit"]),
+    (dict(commit=_commit_raises), "commit", ["tree build", "mask", "verify inputs", "attention", "accept",
+                                          "commit"]),
 ])
 def test_a_crash_of_the_tree_the_mask_the_verify_inputs_or_the_commit_is_proven_by_their_independent_output(base, stages, proven_stage,
                                                                                          tried):

@@ -23,8 +23,9 @@ from the start of the run: the tree by the oracle's own best-first build
 from the same drafts, the mask by masks from each tree's ancestors, the
 verify inputs by batches laid out from the trees and token ids (as above),
 the graph replay by the eager forward (graph runs only), the attention kernel
-by the float64 attention, the commit by the cache rebuilt from the ids after
-each round; when the replaced run reaches the crashed step and
+by the float64 attention, the acceptance by the oracle's walk, the commit by
+the cache rebuilt from the ids after each round, the model's forward by the
+oracle's (crash_rungs.py); when the replaced run reaches the crashed step and
 it matches the oracle, the replaced stage is the one that crashed.
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
@@ -36,6 +37,7 @@ from typing import Callable
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
+from harness.check.localize.crash_rungs import accept_rung, model_rung
 from harness.engine.attn.exact import ArmedAttention, ExactAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.attn.torch_backend import TorchBackend
@@ -97,8 +99,9 @@ def prove_crash(p, step: int) -> list[Replacement]:
     """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
-    replay -> eager (graph runs only), the commit -> each round's rows freed and every live request's cache
-    rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too."""
+    replay -> eager (graph runs only), the acceptance -> the oracle's walk over the engine's argmax, the commit ->
+    each round's rows freed and every live request's cache rebuilt from its token ids, the model's forward -> the
+    oracle's (crash_rungs.py). A crash upstream of the replaced stage crashes the replaced run too."""
     if not _replaceable(p):
         return []
     rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
@@ -108,7 +111,9 @@ def prove_crash(p, step: int) -> list[Replacement]:
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
     if p.settings.cuda_graph:   # after the attention, as for a divergent step
         rungs.append(("graph", "the eager forward", _eager, None))
+    rungs.append(accept_rung())   # before the commit: a bad acceptance the commit raises on is the acceptance's
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
+    rungs.append(model_rung())    # last: the widest replacement (crash_rungs.py says why)
     return _climb(p, step, None, rungs)
 
 
