@@ -25,7 +25,6 @@ from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, oracle_thread_count, oracle_threads, timed_phase
 from harness.check.stop import RunStopped, StopWhy
-from harness.engine.ddtree.mask import kernel_visible
 from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
 
 
@@ -422,7 +421,7 @@ def _ignored_prefix_keys(vb, backend) -> int:
     whole prefix, and the comparison judges against what the kernel does."""
     if "prefix" in backend.mask_regions or vb.attn.custom_mask is None:
         return 0
-    mask, indptr, n = kernel_visible(vb.attn.custom_mask.cpu()), vb.attn.mask_indptr.tolist(), vb.q_len
+    mask, indptr, n = vb.attn.custom_mask.cpu() != 0, vb.attn.mask_indptr.tolist(), vb.q_len
     blocked = 0
     # the prefix each request's kernel reads (kv_indptr), not the batch's seq_lens: a stage that gets those
     # wrong is the comparison's to judge, never this note's to raise on; a block past the mask is not counted

@@ -82,3 +82,19 @@ def test_checker_catches_imports(tmp_path, monkeypatch, source, caught):
     (tmp_path / "reference" / "bad.py").write_text(source)
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert bool(offending_imports("reference", "harness")) == caught
+
+
+def names_imported_from(path: Path, module: str) -> list[str]:
+    """'file:line name' for every `from module import name` in a file."""
+    return [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}"
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+            if isinstance(node, ast.ImportFrom) and node.module == module for a in node.names]
+
+
+def test_the_checks_yardsticks_read_a_mask_themselves_not_with_the_engines_reading():
+    """A mutant of the engine's mask reading (mask.kernel_visible) made the float64 stand-in and the audits read
+    masks wrong alike (issue 21): they write SGLang's rule (nonzero = visible) themselves."""
+    yardsticks = [ROOT / "harness" / "engine" / "attn" / "exact.py", *sorted((ROOT / "harness" / "check").rglob("*.py"))]
+    shared = [hit for path in yardsticks for hit in names_imported_from(path, "harness.engine.ddtree.mask")
+              if hit.endswith(" kernel_visible")]
+    assert shared == []

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from harness.engine.ddtree.accept import Acceptance, cut_at_stop, depth_order_parents, greedy_walk, walk_parents
 from harness.engine.ddtree.tree import DraftTree
-from harness.engine.ddtree.mask import kernel_visible
 
 
 @dataclass(frozen=True)
@@ -40,8 +39,8 @@ def audit_replay(replay) -> list[Finding]:
         out.append(Finding("stale-kv-indices", f"static kv_indices differ from the live batch's at {len(bad)} of "
                                                f"{n_idx} entries (first at {bad[0]}): the replay read stale slots"))
     n_mask = min(live.custom_mask.numel(), meta.custom_mask.numel())
-    got = kernel_visible(meta.custom_mask[:n_mask].cpu())
-    bad = (got != kernel_visible(live.custom_mask[:n_mask].cpu())).nonzero().flatten().tolist()
+    got = meta.custom_mask[:n_mask].cpu() != 0   # nonzero = visible (SGLang's reading, written here)
+    bad = (got != (live.custom_mask[:n_mask].cpu() != 0)).nonzero().flatten().tolist()
     if bad:
         out.append(Finding("stale-mask", f"the static mask buffer differs from the live batch's mask at {len(bad)} "
                                          f"of {n_mask} elements (first at {bad[0]}): the replay read a stale mask"))

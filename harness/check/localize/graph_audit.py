@@ -12,7 +12,6 @@ import torch
 
 from harness.check.localize.wrong import Wrong, excerpt
 from harness.engine.mem.allocator import PADDING_SLOT
-from harness.engine.ddtree.mask import kernel_visible
 
 
 def audit_graph(replay, req_to_token: torch.Tensor, step: int) -> list[Wrong]:
@@ -71,11 +70,11 @@ def _live_len(name: str, bs: int, n: int, kv: int) -> int:
 def _against_eager(eager_mask: torch.Tensor, static_mask: torch.Tensor, need: int):
     """excerpt() of a graph's static mask (its first `need` elements) against the
     eager mask followed by the batch-padding dummies' all-ones blocks."""
-    eager = kernel_visible(eager_mask.cpu())
+    eager = eager_mask.cpu() != 0   # nonzero = visible (SGLang's reading, written here)
     # a static mask_indptr that ends before the eager mask does (its block sizes wrong) compares what it covers
     want = eager[:need] if need < eager.numel() else torch.cat([eager, torch.ones(need - eager.numel(),
                                                                                   dtype=torch.bool)])
-    return excerpt(want.int(), kernel_visible(static_mask.cpu())[:need].int())
+    return excerpt(want.int(), (static_mask.cpu() != 0)[:need].int())
 
 
 def _window_mask(replay, step: int) -> list[Wrong]:

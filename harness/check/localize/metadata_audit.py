@@ -17,7 +17,6 @@ from harness.check.localize.audits import ranges
 from harness.check.localize.mask_probe import ancestor_mask
 from harness.check.localize.roles import role_diff, role_sentence, slot_owner
 from harness.check.localize.wrong import Wrong, excerpt
-from harness.engine.ddtree.mask import kernel_visible
 from harness.ports.audit import inversion_sentence, inverted_entries, is_inverted, mask_encoding
 
 
@@ -116,7 +115,7 @@ def _mask(engine, result, trees, seq, mask_indptr) -> list[Wrong]:
     if a.custom_mask is None:
         return out + [Wrong(step, stage, "custom_mask", None, None, "a tree mask", None, 1,
                             "the verify batch carries no custom mask: the kernel runs causal attention")]
-    flat = kernel_visible(a.custom_mask.cpu())
+    flat = a.custom_mask.cpu() != 0   # nonzero = visible (SGLang's reading, written here)
     reads_prefix = "prefix" in engine.backend.mask_regions
     for b, (t, p) in enumerate(zip(trees, seq)):
         rid = result.requests[b].rid
@@ -174,7 +173,7 @@ def _mask_stage(engine, trees, seq, a) -> str:
     except Exception:  # noqa: BLE001  (a port's stage may not run standalone: the batch stage decides)
         return "build_verify_batch"
     same = (a.custom_mask is not None and a.mask_indptr is not None
-            and torch.equal(kernel_visible(mask.cpu()), kernel_visible(a.custom_mask.cpu()))
+            and torch.equal(mask.cpu() != 0, a.custom_mask.cpu() != 0)
             and torch.equal(indptr.cpu(), a.mask_indptr.cpu()))
     return "build_mask" if same else "build_verify_batch"
 

@@ -13,7 +13,6 @@ from dataclasses import replace
 import torch
 
 from harness.engine.attn.base import PLAIN, LayerAttention
-from harness.engine.ddtree.mask import kernel_visible
 
 
 class ExactAttention:
@@ -48,7 +47,9 @@ def _visible(meta, b: int, prefix: int, n: int) -> torch.Tensor:
         return vis.to(meta.qo_indptr.device)
     start = int(meta.mask_indptr[b])
     block = meta.custom_mask.reshape(-1)[start:start + n * (prefix + n)]
-    return kernel_visible(block).reshape(n, prefix + n)
+    # SGLang's reading (nonzero = visible) written here, not mask.kernel_visible: the stand-in shares no code
+    # with the stages it replaces
+    return (block != 0).reshape(n, prefix + n)
 
 
 def exact_attention(q, keys, vals, visible, layer_attn: LayerAttention) -> torch.Tensor:
