@@ -211,8 +211,22 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     with timed_phase(phases, "engine_build"):
         # the weights are shared; cast only off the run dtype
         engine = engine_class(s)(s, cfg, loaded.weights, backend, specs, ids, pipeline)
+        guide_drafts_by_the_oracle(engine, s, loaded)
         twin = twin_for(s, engine)
     return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})
+
+
+def guide_drafts_by_the_oracle(engine, s: RunSettings, loaded: Loaded) -> None:
+    """The drafter's guide (each prompt's greedy continuation by the target: what a perfect drafter would say)
+    from the dense oracle instead of the engine's own model, torch backend and pool: the drafter is not under
+    test, so a bug in those must not reach it too (a crash there had no replacement that let the run go on:
+    issue 21). Only the drafts' acceptance depends on it. Left to the engine where the oracle is streamed (it
+    would read every layer once per token) and under --tp (each rank guides itself)."""
+    if s.tp != 1 or loaded.oracle_plan is None or loaded.oracle_plan.name != "dense":
+        return
+    oracle, n = loaded.oracle, s.max_new_tokens + s.block_size
+    # the engine's one seam for it (loop.Engine._greedy_continuation, called once per request at the prefill)
+    engine._greedy_continuation = lambda r: oracle.greedy(list(r.prompt), n)[0]
 
 
 def engine_class(s: RunSettings):
