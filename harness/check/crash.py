@@ -80,12 +80,15 @@ class Crash:
 
 
 # the engine's files -> the verify stage (in the domain's words, localize/wrong.STAGE_WORDS, plus "load") whose
-# code they are; the loop and the pipeline's wiring belong to no one stage
+# code they are; the loop and the pipeline's wiring belong to no one stage. The allocator's own raises (mem/) are
+# the commit's: a double free or a leak its caller made, most often (the KV allocation rung of a crash's proof
+# by replacement, localize/memory_rungs.py, tells an allocator that is itself wrong)
 CRASH_STAGES = (("harness/engine/graph.py", "graph"), ("harness/engine/serving_graph.py", "graph"),
                 ("harness/engine/attn/", "attention"), ("harness/engine/model/llama.py", "model"),
                 ("harness/engine/model/", "load"), ("harness/engine/ddtree/tree.py", "tree build"),
                 ("harness/engine/ddtree/drafter.py", "tree build"), ("harness/engine/ddtree/mask.py", "mask"),
-                ("harness/engine/ddtree/window.py", "mask"), ("harness/engine/ddtree/verify_", "verify inputs"),
+                ("harness/engine/ddtree/window.py", "mask"), ("harness/engine/ddtree/verify_slots.py", "KV allocation"),
+                ("harness/engine/ddtree/verify_", "verify inputs"),
                 ("harness/engine/ddtree/accept", "accept"), ("harness/engine/ddtree/commit", "commit"),
                 ("harness/engine/mem/", "commit"))
 

@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
+from harness.check.localize.memory_rungs import rebuilt_commit_throughout, strict_allocation_throughout
 from harness.engine.attn.exact import ArmedAttention, ExactAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.attn.torch_backend import TorchBackend
@@ -98,8 +99,9 @@ def prove_crash(p, step: int) -> list[Replacement]:
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
     replay -> eager (graph runs only), the commit -> each round's rows freed and every live request's cache
-    rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too."""
-    if not _replaceable(p):
+    rebuilt from its token ids. A crash upstream of the replaced stage crashes the replaced run too. At any page
+    size; last, KV allocation: the allocator and the row placement (memory_rungs.py)."""
+    if not _replaceable(p, any_page_size=True):
         return []
     rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
@@ -109,6 +111,8 @@ def prove_crash(p, step: int) -> list[Replacement]:
     if p.settings.cuda_graph:   # after the attention, as for a divergent step
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
+    rungs.append(("KV allocation", "a strict token-slot allocator over the same pool, the rows on fresh slots, the "
+                  "cache rebuilt from the token ids after each round", None, strict_allocation_throughout))
     return _climb(p, step, None, rungs)
 
 
@@ -124,10 +128,12 @@ def _climb(p, step: int, before: float | None, rungs: list) -> list[Replacement]
     return out
 
 
-def _replaceable(p) -> bool:
+def _replaceable(p, any_page_size: bool = False) -> bool:
+    """The engine's layout is one the rungs rebuild: its own backend, one rank, no port, no MLA, and a token-slot
+    pool unless `any_page_size` (the crash rungs: their caches go through req_to_token)."""
     s = p.settings
-    return (serving_of(p.engine.kernel) is None and s.page_size == 1 and s.tp == 1 and p.port is None
-            and p.engine.cfg.mla is None)
+    return (serving_of(p.engine.kernel) is None and (s.page_size == 1 or any_page_size) and s.tp == 1
+            and p.port is None and p.engine.cfg.mla is None)
 
 
 # -- the rerun ---------------------------------------------------------------------------------------------------
@@ -205,25 +211,9 @@ def _rebuild_committed_kv(q, step: int):
 
 
 def _rebuilt_commit_throughout(q, step: int):
-    """The commit stage replaced from the start: a request's verify rows are all freed, its length grows by its
-    accepted rows on fresh slots, and once the round has emitted, every live request's cache is rebuilt from its
-    token ids (rebuild_committed) before the next round reads it."""
-    def install(engine) -> None:
-        def commit(req_to_token, allocator, req_pool_idx: int, seq_len: int, row_slots, acceptance) -> int:
-            n = len(acceptance.rows)
-            allocator.free(row_slots.reshape(-1).cpu())
-            r2t = req_to_token.req_to_token
-            r2t[req_pool_idx, seq_len:seq_len + n] = allocator.alloc(n).to(r2t.device)
-            return seq_len + n
-        engine.pipeline = replace(engine.pipeline, commit=commit)
-        rounds = engine.rounds
-
-        def rebuilt_after_each():
-            for result in rounds():
-                yield result
-                rebuild_committed(engine)
-        engine.rounds = rebuilt_after_each
-    return install
+    """The commit stage replaced from the start, at any page size: the round's rows freed, the accepted ones on
+    fresh slots, the cache rebuilt from the token ids after each round (memory_rungs.rebuilt_commit_throughout)."""
+    return rebuilt_commit_throughout(q, step)
 
 
 def rebuild_committed(engine) -> None:
