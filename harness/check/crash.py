@@ -100,10 +100,16 @@ PROVEN_CRASH = "proven-crash"
 
 
 def proven_crash_detail(step: int | None, error: str, where: str, stage: str, replaced_by: str,
-                        error_after: float | None) -> str:
-    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof."""
-    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
+                        error_after: float | None, judged_at: int | None = None) -> str:
+    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof.
+    judged_at: the replaced run ended after that step without raising (the engine raised after its last step,
+    retiring its requests) and was judged there."""
     after = "" if error_after is None else f" (error {error_after:.3g}x its bound)"
+    if judged_at is not None:
+        return (f"the engine raised after step {judged_at}, the run's last: {error} at {where}; with the {stage} "
+                f"stage replaced by {replaced_by} the run ends there without raising and step {judged_at} matches "
+                f"the oracle{after}")
+    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
     return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
             f"{replaced_by} the step runs and matches the oracle{after}")
 

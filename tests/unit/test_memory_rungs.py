@@ -251,3 +251,18 @@ def test_the_kv_allocation_rung_alone_proves_a_paged_placement_crash(base):
 def test_a_crash_in_the_branch_placement_file_names_kv_allocation():
     where = "harness/engine/ddtree/verify_slots.py:56 (slot)"
     assert crash_stage(Crash("engine", where, where, "IndexError: tuple index out of range", 0, "")) == "KV allocation"
+
+
+def test_a_crash_retiring_the_last_requests_is_proven_by_a_replaced_run_that_ends_without_raising(base, monkeypatch):
+    """The paged free broken (reshape(1)): at batch 1 and page size 16 only the retiring request frees through it,
+    after the run's last step; the replaced run is judged at that step, ends without raising, and names the
+    allocator."""
+    monkeypatch.setattr(PageAllocator, "free", _page_free_reshape_1)
+    p = derive(base, replace(SETTING, page_size=16, batch=1), pipeline=base.engine.pipeline)
+    s = check(p, RecordWriter(None))
+    assert s.crash["step"] is not None and not s.crash["in_step"], s.crash
+    last = s.crash["step"]
+    _proven(s, "KV allocation", LADDER)
+    assert s.replacements[-1]["judged_at"] == last and s.first.step == last + 1, s.replacements[-1]
+    assert f"raised after step {last}, the run's last" in s.first.detail, s.first.detail
+    assert all(r["judged_at"] is None for r in s.replacements[:-1])   # the runs that raised were judged nowhere

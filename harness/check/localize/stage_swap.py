@@ -56,16 +56,18 @@ class Replacement:
     error_after: float | None    # None: the replaced run crashed or did not reach the step
     correct: bool                # the replaced step matches the oracle: this stage is the cause
     note: str = ""               # why it could not be judged, or what the rerun raised
+    judged_at: int | None = None  # the step the replaced run was judged at where not `step`: the run ended after
+                                  # step - 1 without raising (the crash was after the run's last step)
 
     def to_record(self) -> dict:
         return {"stage": self.stage, "replaced_by": self.replaced_by, "step": self.step,
                 "error_before": self.error_before, "error_after": self.error_after, "correct": self.correct,
-                "note": self.note, "sentence": self.sentence()}
+                "note": self.note, "judged_at": self.judged_at, "sentence": self.sentence()}
 
     def sentence(self) -> str:
         before = "crashed" if self.error_before is None else f"error {self.error_before:.3g}x its bound"
         after = (f"crashed or did not reach it ({self.note})" if self.error_after is None
-                 else f"error {self.error_after:.3g}x its bound")
+                 else f"error {self.error_after:.3g}x its bound" + (f" ({self.note})" if self.note else ""))
         verdict = "correct: the cause" if self.correct else "still wrong"
         what = "committed KV (the commit's, or the emitted ids')" if self.stage == "commit" else self.stage
         return f"{what} replaced by {self.replaced_by}: step {self.step} {before} -> {after} ({verdict})"
@@ -111,18 +113,19 @@ def prove_crash(p, step: int) -> list[Replacement]:
     if p.settings.cuda_graph:   # after the attention, as for a divergent step
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
-    rungs.append(("KV allocation", "a strict token-slot allocator over the same pool, the rows on fresh slots, the "
-                  "cache rebuilt from the token ids after each round", None, strict_allocation_throughout))
-    return _climb(p, step, None, rungs)
+    rungs.append(("KV allocation", "a strict token-slot allocator over the same pool (every row on a fresh slot, the "
+                  "cache rebuilt from the token ids after each round)", None, strict_allocation_throughout))
+    return _climb(p, step, None, rungs, to_end=True)
 
 
-def _climb(p, step: int, before: float | None, rungs: list) -> list[Replacement]:
+def _climb(p, step: int, before: float | None, rungs: list, to_end: bool = False) -> list[Replacement]:
     """Each rung (stage, what replaced it, base run, swap) in turn, up to the first whose replaced step is
-    correct; before: the step's error as run (None: it crashed)."""
+    correct; before: the step's error as run (None: it crashed); to_end: as _judged_step's."""
     out = []
     for stage, what, base, swap in rungs:
-        after, note = _judged_step(p, step, swap, base)
-        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
+        after, note, judged_at = _judged_step(p, step, swap, base, to_end)
+        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note,
+                               None if judged_at == step else judged_at))
         if out[-1].correct:
             break
     return out
@@ -138,10 +141,15 @@ def _replaceable(p, any_page_size: bool = False) -> bool:
 
 # -- the rerun ---------------------------------------------------------------------------------------------------
 
-def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = None) -> tuple[float | None, str]:
+def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = None,
+                 to_end: bool = False) -> tuple[float | None, str, int]:
     """A fresh engine run to `step` with `swap(prepared, step)` installed (it returns a hook called once the
-    engine is built, or None); the step's error relative to its bound, or None and what stopped it."""
+    engine is built, or None); the step's error relative to its bound, or None and what stopped it; and the step
+    judged. to_end (a crash after step - 1, the last step the crashed run produced): a replaced run that ends
+    after step - 1 without raising, its requests retired, is judged at step - 1 (the engine raised after the
+    run's last step, retiring them)."""
     from harness.check.prepare import derive
+    last = None
     try:
         q = base(p) if base is not None else derive(p)
         hook = swap(q, step) if swap is not None else None
@@ -149,10 +157,13 @@ def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = No
             hook(q.engine)
         for result in q.engine.rounds():
             if result.step == step:
-                return _step_error(q, result), ""
+                return _step_error(q, result), "", step
+            last = result
     except Exception as e:  # noqa: BLE001  (a rerun that raises proves nothing; it is said)
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-    return None, f"the run ended before step {step}"
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", step
+    if to_end and last is not None and last.step == step - 1:
+        return _step_error(q, last), f"the run ends after step {step - 1} without raising", step - 1
+    return None, f"the run ended before step {step}", step
 
 
 def _step_error(q, result) -> float:
