@@ -80,12 +80,15 @@ class Crash:
 
 
 # the engine's files -> the verify stage (in the domain's words, localize/wrong.STAGE_WORDS, plus "load") whose
-# code they are; the loop and the pipeline's wiring belong to no one stage
+# code they are; the loop and the pipeline's wiring belong to no one stage. The allocator's own raises (mem/) are
+# the commit's: a double free or a leak its caller made, most often (the KV allocation rung of a crash's proof
+# by replacement, localize/memory_rungs.py, tells an allocator that is itself wrong)
 CRASH_STAGES = (("harness/engine/graph.py", "graph"), ("harness/engine/serving_graph.py", "graph"),
                 ("harness/engine/attn/", "attention"), ("harness/engine/model/llama.py", "model"),
                 ("harness/engine/model/", "load"), ("harness/engine/ddtree/tree.py", "tree build"),
                 ("harness/engine/ddtree/drafter.py", "tree build"), ("harness/engine/ddtree/mask.py", "mask"),
-                ("harness/engine/ddtree/window.py", "mask"), ("harness/engine/ddtree/verify_", "verify inputs"),
+                ("harness/engine/ddtree/window.py", "mask"), ("harness/engine/ddtree/verify_slots.py", "KV allocation"),
+                ("harness/engine/ddtree/verify_", "verify inputs"),
                 ("harness/engine/ddtree/accept", "accept"), ("harness/engine/ddtree/commit", "commit"),
                 ("harness/engine/mem/", "commit"))
 
@@ -97,10 +100,16 @@ PROVEN_CRASH = "proven-crash"
 
 
 def proven_crash_detail(step: int | None, error: str, where: str, stage: str, replaced_by: str,
-                        error_after: float | None) -> str:
-    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof."""
-    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
+                        error_after: float | None, judged_at: int | None = None) -> str:
+    """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof.
+    judged_at: the replaced run ended after that step without raising (the engine raised after its last step,
+    retiring its requests) and was judged there."""
     after = "" if error_after is None else f" (error {error_after:.3g}x its bound)"
+    if judged_at is not None:
+        return (f"the engine raised after step {judged_at}, the run's last: {error} at {where}; with the {stage} "
+                f"stage replaced by {replaced_by} the run ends there without raising and step {judged_at} matches "
+                f"the oracle{after}")
+    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
     return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
             f"{replaced_by} the step runs and matches the oracle{after}")
 

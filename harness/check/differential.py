@@ -644,7 +644,7 @@ def _crash_proven(summary: CheckSummary, cause) -> None:
     from harness.check.crash import PROVEN_CRASH, proven_crash_detail
     c = summary.crash or {}
     detail = proven_crash_detail(cause.step, c.get("error") or "?", c.get("where") or "?", cause.stage,
-                                 cause.replaced_by, cause.error_after)
+                                 cause.replaced_by, cause.error_after, cause.judged_at)
     summary.first = FirstDivergence(cause.step, -1, -1, None, False, None, PROVEN_CRASH, detail)
 
 

@@ -100,7 +100,7 @@ class CheckSummary:
     #                                              prompt_text, engine_text, reference_text (empty without one)
     replacements: list = field(default_factory=list)  # the first divergent step rerun with one stage's output
     #                                      replaced (localize/stage_swap.py): stage, replaced_by, step, error_before,
-    #                                      error_after (x its bound; None: crashed), correct
+    #                                      error_after (x its bound; None: crashed), correct, judged_at
     crash: dict | None = None               # an exception met during the check: side, where, error, step
     error: str | None = None                # its last line (the crash's `error`)
 

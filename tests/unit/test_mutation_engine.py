@@ -86,8 +86,11 @@ def test_every_truth_stage_is_one_of_the_issues_and_every_module_exists():
                                  "shared schema"}
     for path in TRUTH.modules:
         assert (ROOT / path).is_file(), path
-    localizer_words = {"tree build", "mask", "verify inputs", "graph", "attention", "model", "accept", "commit", "load"}
+    localizer_words = {"tree build", "mask", "verify inputs", "graph", "attention", "model", "accept", "commit", "load",
+                       "KV allocation"}
     assert {w for words in TRUTH.stages.values() for w in words} <= localizer_words
+    from harness.check.localize.wrong import STAGE_WORDS
+    assert localizer_words == set(STAGE_WORDS.values()) | {"load"}
 
 
 def test_truth_by_module_and_function():
@@ -108,6 +111,8 @@ def test_score_explanation():
     assert score_explanation(TRUTH, "mask", "model") == "wrong"
     assert score_explanation(TRUTH, "KV allocation", "commit") == "right"
     assert score_explanation(TRUTH, "KV allocation", "verify inputs") == "right"
+    assert score_explanation(TRUTH, "KV allocation", "KV allocation") == "right"   # a crash's proof by replacement
+    assert score_explanation(TRUTH, "commit", "KV allocation") == "wrong"
     assert score_explanation(TRUTH, "checkpoint reading", "load") == "right"
     assert score_explanation(TRUTH, "shared schema", "load") == "wrong"   # no localizer word names it
 

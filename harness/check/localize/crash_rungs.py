@@ -170,5 +170,7 @@ def _oracle_forward_throughout(q, step: int):
                 if result.step == step and not model.set_aside:
                     raise ModelNeverRaised(f"the model's own code never raised up to step {step}")
                 yield result
+            if not model.set_aside:   # a run judged at its end (a crash after its last step, stage_swap's to_end)
+                raise ModelNeverRaised("the model's own code never raised in the whole run")
         engine.rounds = only_where_the_model_raised
     return install

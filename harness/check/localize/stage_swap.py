@@ -38,6 +38,7 @@ import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
 from harness.check.localize.crash_rungs import accept_rung, model_rung
+from harness.check.localize.memory_rungs import rebuilt_commit_throughout, strict_allocation_throughout
 from harness.engine.attn.exact import ArmedAttention, ExactAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.attn.torch_backend import TorchBackend
@@ -57,16 +58,18 @@ class Replacement:
     error_after: float | None    # None: the replaced run crashed or did not reach the step
     correct: bool                # the replaced step matches the oracle: this stage is the cause
     note: str = ""               # why it could not be judged, or what the rerun raised
+    judged_at: int | None = None  # the step the replaced run was judged at where not `step`: the run ended after
+                                  # step - 1 without raising (the crash was after the run's last step)
 
     def to_record(self) -> dict:
         return {"stage": self.stage, "replaced_by": self.replaced_by, "step": self.step,
                 "error_before": self.error_before, "error_after": self.error_after, "correct": self.correct,
-                "note": self.note, "sentence": self.sentence()}
+                "note": self.note, "judged_at": self.judged_at, "sentence": self.sentence()}
 
     def sentence(self) -> str:
         before = "crashed" if self.error_before is None else f"error {self.error_before:.3g}x its bound"
         after = (f"crashed or did not reach it ({self.note})" if self.error_after is None
-                 else f"error {self.error_after:.3g}x its bound")
+                 else f"error {self.error_after:.3g}x its bound" + (f" ({self.note})" if self.note else ""))
         verdict = "correct: the cause" if self.correct else "still wrong"
         what = "committed KV (the commit's, or the emitted ids')" if self.stage == "commit" else self.stage
         return f"{what} replaced by {self.replaced_by}: step {self.step} {before} -> {after} ({verdict})"
@@ -100,9 +103,10 @@ def prove_crash(p, step: int) -> list[Replacement]:
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
     replay -> eager (graph runs only), the acceptance -> the oracle's walk over the engine's argmax, the commit ->
-    each round's rows freed and every live request's cache rebuilt from its token ids, the model's forward -> the
-    oracle's (crash_rungs.py). A crash upstream of the replaced stage crashes the replaced run too."""
-    if not _replaceable(p):
+    each round's rows freed and every live request's cache rebuilt from its token ids, KV allocation -> the
+    allocator and the row placement (memory_rungs.py), the model's forward -> the oracle's (crash_rungs.py). A
+    crash upstream of the replaced stage crashes the replaced run too. At any page size."""
+    if not _replaceable(p, any_page_size=True):
         return []
     rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
@@ -113,34 +117,44 @@ def prove_crash(p, step: int) -> list[Replacement]:
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(accept_rung())   # before the commit: a bad acceptance the commit raises on is the acceptance's
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
+    rungs.append(("KV allocation", "a strict token-slot allocator over the same pool (every row on a fresh slot, the "
+                  "cache rebuilt from the token ids after each round)", None, strict_allocation_throughout))
     rungs.append(model_rung())    # last: the widest replacement (crash_rungs.py says why)
-    return _climb(p, step, None, rungs)
+    return _climb(p, step, None, rungs, to_end=True)
 
 
-def _climb(p, step: int, before: float | None, rungs: list) -> list[Replacement]:
+def _climb(p, step: int, before: float | None, rungs: list, to_end: bool = False) -> list[Replacement]:
     """Each rung (stage, what replaced it, base run, swap) in turn, up to the first whose replaced step is
-    correct; before: the step's error as run (None: it crashed)."""
+    correct; before: the step's error as run (None: it crashed); to_end: as _judged_step's."""
     out = []
     for stage, what, base, swap in rungs:
-        after, note = _judged_step(p, step, swap, base)
-        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note))
+        after, note, judged_at = _judged_step(p, step, swap, base, to_end)
+        out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note,
+                               None if judged_at == step else judged_at))
         if out[-1].correct:
             break
     return out
 
 
-def _replaceable(p) -> bool:
+def _replaceable(p, any_page_size: bool = False) -> bool:
+    """The engine's layout is one the rungs rebuild: its own backend, one rank, no port, no MLA, and a token-slot
+    pool unless `any_page_size` (the crash rungs: their caches go through req_to_token)."""
     s = p.settings
-    return (serving_of(p.engine.kernel) is None and s.page_size == 1 and s.tp == 1 and p.port is None
-            and p.engine.cfg.mla is None)
+    return (serving_of(p.engine.kernel) is None and (s.page_size == 1 or any_page_size) and s.tp == 1
+            and p.port is None and p.engine.cfg.mla is None)
 
 
 # -- the rerun ---------------------------------------------------------------------------------------------------
 
-def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = None) -> tuple[float | None, str]:
+def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = None,
+                 to_end: bool = False) -> tuple[float | None, str, int]:
     """A fresh engine run to `step` with `swap(prepared, step)` installed (it returns a hook called once the
-    engine is built, or None); the step's error relative to its bound, or None and what stopped it."""
+    engine is built, or None); the step's error relative to its bound, or None and what stopped it; and the step
+    judged. to_end (a crash after step - 1, the last step the crashed run produced): a replaced run that ends
+    after step - 1 without raising, its requests retired, is judged at step - 1 (the engine raised after the
+    run's last step, retiring them)."""
     from harness.check.prepare import derive
+    last = None
     try:
         q = base(p) if base is not None else derive(p)
         hook = swap(q, step) if swap is not None else None
@@ -148,10 +162,13 @@ def _judged_step(p, step: int, swap: Callable | None, base: Callable | None = No
             hook(q.engine)
         for result in q.engine.rounds():
             if result.step == step:
-                return _step_error(q, result), ""
+                return _step_error(q, result), "", step
+            last = result
     except Exception as e:  # noqa: BLE001  (a rerun that raises proves nothing; it is said)
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-    return None, f"the run ended before step {step}"
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}", step
+    if to_end and last is not None and last.step == step - 1:
+        return _step_error(q, last), f"the run ends after step {step - 1} without raising", step - 1
+    return None, f"the run ended before step {step}", step
 
 
 def _step_error(q, result) -> float:
@@ -210,25 +227,9 @@ def _rebuild_committed_kv(q, step: int):
 
 
 def _rebuilt_commit_throughout(q, step: int):
-    """The commit stage replaced from the start: a request's verify rows are all freed, its length grows by its
-    accepted rows on fresh slots, and once the round has emitted, every live request's cache is rebuilt from its
-    token ids (rebuild_committed) before the next round reads it."""
-    def install(engine) -> None:
-        def commit(req_to_token, allocator, req_pool_idx: int, seq_len: int, row_slots, acceptance) -> int:
-            n = len(acceptance.rows)
-            allocator.free(row_slots.reshape(-1).cpu())
-            r2t = req_to_token.req_to_token
-            r2t[req_pool_idx, seq_len:seq_len + n] = allocator.alloc(n).to(r2t.device)
-            return seq_len + n
-        engine.pipeline = replace(engine.pipeline, commit=commit)
-        rounds = engine.rounds
-
-        def rebuilt_after_each():
-            for result in rounds():
-                yield result
-                rebuild_committed(engine)
-        engine.rounds = rebuilt_after_each
-    return install
+    """The commit stage replaced from the start, at any page size: the round's rows freed, the accepted ones on
+    fresh slots, the cache rebuilt from the token ids after each round (memory_rungs.rebuilt_commit_throughout)."""
+    return rebuilt_commit_throughout(q, step)
 
 
 def rebuild_committed(engine) -> None:

@@ -11,10 +11,14 @@ from dataclasses import dataclass
 import torch
 
 # the verify pipeline in the order a round runs it (harness/engine/loop.py)
-STAGES = ("build_tree", "build_mask", "build_verify_batch", "graph", "attention", "model", "accept", "commit")
+STAGES = ("build_tree", "build_mask", "build_verify_batch", "graph", "attention", "model", "accept", "commit",
+          "allocation")
 # the stages in the domain's words, as the explanation, the summary and the records name them
 STAGE_WORDS = {"build_tree": "tree build", "build_mask": "mask", "build_verify_batch": "verify inputs",
-               "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit"}
+               "graph": "graph", "attention": "attention", "model": "model", "accept": "accept", "commit": "commit",
+               # the allocator and the rows' placement, which serve the prefill, each round and its commit: named by
+               # a crash's proof by replacement (localize/memory_rungs.py), after every stage it serves
+               "allocation": "KV allocation"}
 # within a stage, the order quantities are reported in (the prefix lengths first: positions and indptrs derive from them)
 QUANTITIES = ("tree", "seq_lens", "input_ids", "positions", "qo_indptr", "kv_indptr", "kv_indices", "max_kv_len", "mask_indptr",
               "custom_mask", "window_mask", "out_cache_loc", "visibility", "sinks", "logit_cap", "attention_output", "hidden", "kv_cache",
