@@ -120,7 +120,7 @@ def test_a_raise_of_the_models_own_code_is_proven_model(base, monkeypatch, at_ve
     monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(at_verify_only))
     s = check(derive(base, setting), RecordWriter(None))
     assert s.crash["side"] == "engine" and s.crash["where"].startswith("harness/engine/model/llama.py"), s.crash
-    assert [r["stage"] for r in s.replacements] == BEFORE + ["accept", "commit", "model"], s.replacements
+    assert [r["stage"] for r in s.replacements] == BEFORE + ["accept", "commit", "KV allocation", "model"], s.replacements
     assert s.replacements[-1]["correct"] and not any(r["correct"] for r in s.replacements[:-1])
     assert s.first.what == PROVEN_CRASH and s.first.step == 0 and s.stage == "model", s.explanation
     assert "model stage replaced by the oracle's float64 forward" in s.first.detail
@@ -152,19 +152,19 @@ class _KernelReadsPastThePool:
 def test_the_model_rung_sets_aside_only_the_models_own_raise(base):
     """The attention backend's code raises inside the forward: the model rung lets it stand."""
     p = derive(base, SETTING, pipeline=replace(base.engine.pipeline, attention=_KernelReadsPastThePool))
-    after, note = _judged_step(p, 0, crash_rungs._oracle_forward_throughout)
+    after, note, _ = _judged_step(p, 0, crash_rungs._oracle_forward_throughout)
     assert after is None and note.startswith("IndexError"), note
 
 
 def test_a_model_rung_run_where_the_model_never_raised_proves_nothing(base):
-    after, note = _judged_step(derive(base, SETTING), 0, crash_rungs._oracle_forward_throughout)
+    after, note, _ = _judged_step(derive(base, SETTING), 0, crash_rungs._oracle_forward_throughout)
     assert after is None and note.startswith("ModelNeverRaised"), note
 
 
 def test_the_oracles_forward_matches_the_oracle_at_the_step(base, monkeypatch):
     """With the model's raise set aside, the replaced step is the oracle's own logits (well within its bound)."""
     monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(False))
-    after, note = _judged_step(derive(base, SETTING), 1, crash_rungs._oracle_forward_throughout)
+    after, note, _ = _judged_step(derive(base, SETTING), 1, crash_rungs._oracle_forward_throughout)
     assert after is not None and after < 1e-3, (after, note)
 
 
@@ -173,6 +173,7 @@ def test_under_graphs_a_raise_of_the_models_own_code_is_the_models_not_the_graph
     proves it."""
     monkeypatch.setattr(LlamaModel, "_window_meta", _model_raises(True))
     s = check(derive(base, replace(SETTING, cuda_graph=True)), RecordWriter(None))
-    assert [(r["stage"], r["correct"]) for r in s.replacements][-5:] == [
-        ("attention", False), ("graph", False), ("accept", False), ("commit", False), ("model", True)], s.replacements
+    assert [(r["stage"], r["correct"]) for r in s.replacements][-6:] == [
+        ("attention", False), ("graph", False), ("accept", False), ("commit", False), ("KV allocation", False),
+        ("model", True)], s.replacements
     assert s.stage == "model" and s.first.what == PROVEN_CRASH

@@ -27,7 +27,7 @@ from harness.engine.mem.paged import PageAllocator
 from harness.engine.settings import RunSettings
 
 SETTING = RunSettings(backend="torch", budget=8, topk=2, batch=2, max_new_tokens=8, stop_after=0)
-BEFORE_COMMIT = ["tree build", "mask", "verify inputs", "attention"]
+BEFORE_COMMIT = ["tree build", "mask", "verify inputs", "attention", "accept"]
 LADDER = BEFORE_COMMIT + ["commit", "KV allocation"]
 
 
@@ -236,7 +236,7 @@ def test_a_crash_no_memory_rung_makes_right_stays_a_crash_at_page_size_4(base):
     def stop_raises(tree, acceptance, eos_id):
         raise TypeError("'NoneType' object is not subscriptable")
     s = _check(base, 4, stop=stop_raises)
-    assert [r["stage"] for r in s.replacements] == LADDER and not any(r["correct"] for r in s.replacements)
+    assert [r["stage"] for r in s.replacements] == LADDER + ["model"] and not any(r["correct"] for r in s.replacements)
     assert s.first.what == "crash"
 
 
