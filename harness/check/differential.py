@@ -624,6 +624,7 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
     if crash:
         _crash_proven(summary, cause)
         if summary.quantity in (None, "crash"):
+            summary.explanation = _crash_renamed(summary.explanation, summary.stage, cause.stage)
             summary.stage, summary.quantity = cause.stage, "crash"
     elif proof_overrides(summary.stage, found):
         summary.stage, summary.quantity = cause.stage, "replacement"
@@ -636,6 +637,16 @@ def proof_overrides(audit_stage: str | None, found: list) -> bool:
     if audit_stage is None or audit_stage == "model":
         return True
     return any(r.stage == audit_stage and not r.correct for r in found)
+
+
+def _crash_renamed(explanation: str | None, named: str | None, proven: str) -> str | None:
+    """The explanation's lead where the file that raised named one stage (_name_crash_stage) and the proof
+    another: the proven stage crashed, its fault reaching the named stage's code."""
+    lead = f"The {named} stage crashed (its code raised; the verify inputs it was handed break no rule): "
+    if named in (None, proven) or not (explanation or "").startswith(lead):
+        return explanation
+    return f"The {proven} stage crashed (proven by replacement; its fault reached the {named} stage's code, which " \
+           f"raised): {explanation[len(lead):]}"
 
 
 def _crash_proven(summary: CheckSummary, cause) -> None:

@@ -214,6 +214,25 @@ def test_a_crashing_allocator_is_proven_kv_allocation(base, monkeypatch, page_si
     _proven(s, "KV allocation", LADDER)
 
 
+def _page_slots_shifted(self, pages):
+    """paged.page_slots' `base + arange` as `base << arange` (a cosmic-ray mutant): slots past the pool."""
+    base = torch.tensor(pages, dtype=torch.int64)[:, None] * self.page_size
+    return (base << torch.arange(self.page_size)).reshape(-1)
+
+
+def test_a_page_allocator_handing_out_slots_past_the_pool_is_proven_kv_allocation_where_the_pool_raised(
+        base, monkeypatch):
+    """The raise is the pool's write (harness/engine/mem/pool.py, filed under the commit's code by
+    crash.CRASH_STAGES): the explanation leads with the proven stage, not the file's."""
+    monkeypatch.setattr(PageAllocator, "page_slots", _page_slots_shifted)
+    s = _check(base, 16)
+    assert s.crash["where"].startswith("harness/engine/mem/pool.py"), s.crash
+    _proven(s, "KV allocation", LADDER)
+    assert s.explanation.startswith("The KV allocation stage crashed (proven by replacement; its fault reached the "
+                                    "commit stage's code, which raised): the engine under test raised"), s.explanation
+    assert "The commit stage crashed" not in s.explanation
+
+
 def _place_raises(allocator, pool, trees, seq_lens, prefix_slots):
     raise IndexError("index 3 is out of range")   # verify_slots' span arithmetic off: RowPlacement.slot
 
