@@ -13,11 +13,9 @@ def kernel_visible(custom_mask: torch.Tensor) -> torch.Tensor:
     """What SGLang's extend kernels keep of a custom mask: `custom_mask != 0`
     (any dtype; a NaN is nonzero, so visible). bool, custom_mask's shape.
 
-    The one reading of a mask every backend of the engine shares: a mask
+    The one reading of a mask every backend, audit and probe shares: a mask
     reaches the kernel with the dtype and values its producer handed over, and
-    no one gives it another meaning (an additive 0 / -inf bias reads inverted).
-    The check's yardsticks (the float64 stand-in, the audits) write the same
-    rule themselves, so a bug here is not theirs too."""
+    no one gives it another meaning (an additive 0 / -inf bias reads inverted)."""
     return custom_mask if custom_mask.dtype == torch.bool else custom_mask != 0
 
 
