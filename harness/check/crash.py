@@ -208,6 +208,11 @@ def attribute(e: BaseException, step: int | None = None, in_step: bool = False) 
     (raised in a library called from nowhere we know) is ddcheck's."""
     walked = list(traceback.walk_tb(e.__traceback__))
     frames = traceback.extract_tb(e.__traceback__)
+    if isinstance(e, RuntimeError) and isinstance(e.__cause__, StopIteration):
+        # PEP 479: a StopIteration out of a generator's code surfaces as a RuntimeError at the frame that iterated
+        # the generator; the generator's frames, and the code that raised, are only in its cause's traceback
+        walked += list(traceback.walk_tb(e.__cause__.__traceback__))
+        frames.extend(traceback.extract_tb(e.__cause__.__traceback__))
     if isinstance(e, SyntaxError) and e.filename:   # the error is in the file being compiled, not in its importer
         frames.append(traceback.FrameSummary(e.filename, e.lineno or 0, "<module>"))
     side, where = "ddcheck", None

@@ -49,3 +49,26 @@ def test_a_graph_replay_that_raises_is_named_the_graph_stage(tmp_path, monkeypat
     assert summary["first"]["what"] == "proven-crash" and summary["crash"]["where"].startswith("harness/engine/graph.py:")
     assert summary["stage"] == "graph" and summary["quantity"] == "crash"
     assert summary["explanation"].startswith("The graph stage crashed")
+
+
+def test_a_stopiteration_out_of_the_engines_generator_is_the_engines_not_the_consumers():
+    """PEP 479 turns a StopIteration raised inside the engine's `rounds` generator into a RuntimeError whose own
+    traceback stops at whoever iterated it (ddcheck's step clock): the raise is attributed from its cause's frames
+    (a graph bucket smaller than the batch ended as 'an internal error' in step_clock.py before)."""
+    from harness.check.crash import attribute
+    from harness.check.step_clock import StepClock
+    from harness.engine.loop import Engine
+
+    class Stub:   # the engine's generator over a stand-in whose round hits an exhausted iterator
+        def prefill(self):
+            pass
+
+        def _retire_finished(self):
+            return [0]
+
+        def _round(self, step, active):
+            return next(iter(()))
+    with pytest.raises(RuntimeError) as caught:
+        list(StepClock().timed(Engine.rounds(Stub())))
+    crash = attribute(caught.value)
+    assert crash.side == "engine" and crash.where.startswith("harness/engine/loop.py"), crash
