@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
+
 from harness.check.localize.attention_audit import audit_attention
 from harness.check.localize.bookkeeping import audit_bookkeeping
 from harness.check.localize.audits import (Finding, audit_acceptance, audit_batch_bonus, audit_inputs, audit_replay,
@@ -55,21 +57,24 @@ def localize(p, first) -> Localization:
     node = first.node if first.what not in ("stream", "accept") else None
     ev = Evidence(where=_where(first), what=first.what, node=node, kv=kv)
     latent_seen: set[int] = set()   # requests whose first wrong latent is reported (model_audit)
+    engine.rows = read = ReadAtVerify(engine.rows, engine.req_pool)
     for result in engine.rounds():
         replay = engine.graph.last if engine.graph is not None else None
         kernel_kv = replay.meta.kv_indices if replay is not None else result.batch.attn.kv_indices
-        audit_invariants(engine, result, kernel_kv, kv)
+        read_r2t = read.before   # [reqs, max_context] req_to_token as this round's verify read it
+        audit_invariants(engine, result, kernel_kv, kv, read_r2t)
         bad_before = kv.first_bad_position
         audit_cache(engine, result, oracle, tol, kv)
         if bad_before is None and kv.first_bad_position is not None:
             ev.wrongs.append(_kv_cache_wrong(kv, result))
         ev.wrongs += audit_latents(engine, result, oracle, tol, latent_seen)
         ev.canary += list(result.provenance)
-        ev.wrongs += audit_round(engine, result, oracle)
+        ev.wrongs += audit_round(engine, result, oracle, read_r2t)
         ev.wrongs += audit_bookkeeping(engine, result)
         ev.wrongs += audit_window(engine, result)
         if replay is not None:
-            ev.wrongs += audit_graph(replay, engine.req_pool.req_to_token.cpu(), result.step)
+            ev.wrongs += audit_graph(replay, read_r2t if read_r2t is not None else engine.req_pool.req_to_token.cpu(),
+                                     result.step)
         ev.accept = _first_named(ev.accept, audit_batch_bonus(result))
         for rs in result.requests:
             eos = engine.s.eos_id
@@ -90,6 +95,23 @@ def localize(p, first) -> Localization:
                         cause.stage, cause.quantity, ordered[0].to_record() if ordered else None,
                         [x.to_record() for x in ordered[:24]],
                         next((x.to_record() for x in ev.wrongs if x.stage == "attention"), None))
+
+
+class ReadAtVerify:
+    """The engine's row-slots stage (round_stages.RowSlots) with req_to_token copied just before each commit:
+    what the round's verify read. A paged commit moves a prefix's tail page into the winning branch's region,
+    so after it req_to_token names other slots for those positions than the kernel was told to read."""
+
+    def __init__(self, rows, req_pool) -> None:
+        self.rows, self.req_pool = rows, req_pool
+        self.before: torch.Tensor | None = None   # [reqs, max_context] as of the last commit's start
+
+    def place(self, requests, trees):
+        return self.rows.place(requests, trees)
+
+    def commit(self, requests, trees, accs, rows) -> None:
+        self.before = self.req_pool.req_to_token.cpu().clone()
+        self.rows.commit(requests, trees, accs, rows)
 
 
 def _kv_cache_wrong(kv: KVAudit, result) -> Wrong:

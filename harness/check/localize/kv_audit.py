@@ -40,17 +40,20 @@ class KVAudit:
         return {v.kind for v in self.violations}
 
 
-def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVAudit) -> None:
+def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVAudit,
+                     read_r2t: torch.Tensor | None = None) -> None:
     """State is the engine's right after the round's commit (before any
     request retires). kernel_kv_indices: what the kernel read (the static
-    buffer for graph runs)."""
+    buffer for graph runs); read_r2t: req_to_token as the round's verify read it, before its commit (a paged
+    commit moves a prefix's tail page; None: the state after the commit)."""
     step, vb = result.step, result.batch
     r2t = engine.req_pool.req_to_token.cpu()
+    read = read_r2t if read_r2t is not None else r2t   # [reqs, max_context] the prefixes the verify read
     owned = engine.pool.allocator.owned
     live = {r.rid: r for r in engine.requests if not r.finished}
     loc = vb.attn.out_cache_loc.cpu().tolist()
     committed_before = {int(s) for rs in result.requests
-                        for s in r2t[live[rs.rid].req_pool_idx, :len(rs.prefix)].tolist()}
+                        for s in read[live[rs.rid].req_pool_idx, :len(rs.prefix)].tolist()}
     dup = sorted({s for s in loc if loc.count(s) > 1})
     if dup:
         rows = [i for i, s in enumerate(loc) if s == dup[0]]
@@ -63,7 +66,7 @@ def audit_invariants(engine, result, kernel_kv_indices: torch.Tensor, audit: KVA
     for b, rs in enumerate(result.requests):
         r = live[rs.rid]
         old, acc = len(rs.prefix), rs.acceptance
-        want = r2t[r.req_pool_idx, :old]
+        want = read[r.req_pool_idx, :old]
         got = kernel_kv_indices[kvp[b]:kvp[b + 1]].cpu()
         if got.numel() != want.numel() or not bool((got == want).all()):
             bad = (got != want).nonzero().flatten().tolist() if got.numel() == want.numel() else []

@@ -20,9 +20,10 @@ from harness.check.localize.wrong import Wrong, excerpt
 from harness.ports.audit import inversion_sentence, inverted_entries, is_inverted, mask_encoding
 
 
-def audit_round(engine, result, oracle) -> list[Wrong]:
-    """Every rule, for one round; state is the engine's right after its commit."""
-    return verify_inputs(engine, result) + acceptance(engine, result, oracle) + commit(engine, result)
+def audit_round(engine, result, oracle, read_r2t: torch.Tensor | None = None) -> list[Wrong]:
+    """Every rule, for one round; state is the engine's right after its commit (read_r2t: req_to_token as the
+    round's verify read it, before the commit; None: the state after it)."""
+    return verify_inputs(engine, result, read_r2t) + acceptance(engine, result, oracle) + commit(engine, result)
 
 
 def _expected(engine, result):
@@ -38,12 +39,13 @@ def owners_of(engine) -> dict[int, tuple[int, int]]:
             for j, s in enumerate(r2t[r.req_pool_idx, :r.seq_len].tolist())}
 
 
-def verify_inputs(engine, result) -> list[Wrong]:
+def verify_inputs(engine, result, read_r2t: torch.Tensor | None = None) -> list[Wrong]:
+    """The round's verify batch against the rules; read_r2t as audit_round's."""
     vb, step = result.batch, result.step
     trees, seq, idx = _expected(engine, result)
     n, bs = vb.q_len, len(trees)
     rids = [rs.rid for rs in result.requests]
-    r2t = engine.req_pool.req_to_token.cpu()
+    r2t = read_r2t if read_r2t is not None else engine.req_pool.req_to_token.cpu()   # [reqs, max_context]
     out: list[Wrong] = []
     ids, pos = vb.input_ids.cpu().tolist(), vb.positions.cpu().tolist()
     for b, (t, p) in enumerate(zip(trees, seq)):
