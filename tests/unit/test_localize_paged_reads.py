@@ -28,3 +28,19 @@ def test_an_acceptance_bug_at_page_size_16_is_not_explained_by_the_verify_inputs
     assert s.verdict == "diverge" and s.first is not None
     assert s.stage != "verify inputs", s.explanation
     assert "kv_indices" not in (s.explanation or ""), s.explanation
+
+
+def test_an_out_cache_loc_of_another_length_than_the_rows_is_a_wrong_quantity_not_an_index_error():
+    """A placement mutant handed the kernel 33 slots for 17 rows: the audit raised IndexError (an internal error)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from harness.check.localize.metadata_audit import _out_cache_loc
+    from harness.engine.ddtree.tree import DraftTree
+    tree = DraftTree((5, 6, 7), (None, 0, 1), (0, 1, 2), q_len=4)
+    for got in (torch.arange(100, 109), torch.arange(100, 102)):   # [9] and [2] slots for 4 rows
+        result = SimpleNamespace(step=0, batch=SimpleNamespace(q_len=4, attn=SimpleNamespace(out_cache_loc=got)),
+                                 requests=[SimpleNamespace(rid=0, row_slots=(100, 101, 102, 103))])
+        (wrong,) = _out_cache_loc(result, [tree], {}, None)
+        assert wrong.quantity == "out_cache_loc" and f"{got.numel()} slots for the batch's 4 rows" in wrong.text

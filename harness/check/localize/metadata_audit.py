@@ -186,6 +186,11 @@ def _out_cache_loc(result, trees, owners, engine=None) -> list[Wrong]:
     got = vb.attn.out_cache_loc.cpu()
     out = []
     i, e, f, count = excerpt(want, got)
+    if got.numel() != want.numel():   # not one slot per row: no row's own slot to compare it with
+        out.append(Wrong(result.step, "build_verify_batch", "out_cache_loc", None, i, e, f, count,
+                         f"out_cache_loc holds {got.numel()} slots for the batch's {want.numel()} rows "
+                         f"(bs x q_len, {len(trees)} x {n})"))
+        return out
     if i is not None:
         b, row = divmod(i, n)
         rs, t = result.requests[min(b, len(trees) - 1)], trees[min(b, len(trees) - 1)]
