@@ -7,7 +7,7 @@ at page size > 1 unchanged.
                   of pages) and its commit is replaced: every slot of the round's rows is freed (page size > 1:
                   every page of the round's branch regions and padding that holds no committed position),
                   each request's length grows by its accepted rows on fresh slots, and once the round has
-                  emitted, every live request's cache is rebuilt from its token ids (stage_swap.rebuild_committed)
+                  emitted, every live request's cache is rebuilt from its token ids (rebuild_committed, below)
                   before the next round reads it
   KV allocation   the broadest: the engine's allocator and its row placement, the prefill's allocations
                   included, replaced by StrictSlots, an independent token-slot allocator over the same pool
@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.engine.attn.exact import ExactAttention
+from harness.engine.attn.torch_backend import TorchBackend
+from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.mem.allocator import PADDING_SLOT
 from harness.engine.mem.provenance import poison_slots
 from harness.engine.round_stages import PlacedRows
@@ -132,15 +135,36 @@ def round_slots(engine, rows: PlacedRows) -> torch.Tensor:
     return torch.tensor([p * ps for p in sorted(pages)], dtype=torch.int64)
 
 
+def rebuild_committed(engine) -> None:
+    """Each live request's cache from its ids: its slots freed, n fresh ones taken, K/V of positions 0..n-1
+    written by a causal forward over its committed tokens whose attention is a float64 softmax (not the
+    backend under test), req_to_token and seq_len set."""
+    live = [r for r in engine.requests if not r.finished]
+    r2t, owned = engine.req_pool.req_to_token, engine.pool.allocator.owned
+    for r in live:
+        old = [s for s in dict.fromkeys(r2t[r.req_pool_idx, :r.seq_len].tolist()) if s in owned]
+        if old:
+            engine.pool.allocator.free(torch.tensor(old, dtype=torch.int64))
+            owned = engine.pool.allocator.owned
+    plain = ExactAttention(TorchBackend(engine.s.device, engine.s.torch_dtype))
+    for r in live:
+        ids = r.committed_tokens()
+        n = len(ids)
+        loc = engine.pool.allocator.alloc(n).to(engine.s.device)                      # [n]
+        engine.model.forward(torch.tensor(ids, device=engine.s.device), torch.arange(n, device=engine.s.device),
+                             prefill_metadata([n], loc).to(engine.s.device), engine.pool, plain)
+        r2t[r.req_pool_idx, :n] = loc
+        r.seq_len = n
+
+
 def rebuilt_after_each_round(engine) -> None:
     """Once each round has emitted, every live request's cache rebuilt from its token ids."""
-    from harness.check.localize import stage_swap
     rounds = engine.rounds
 
     def rebuilt_after_each():
         for result in rounds():
             yield result
-            stage_swap.rebuild_committed(engine)
+            rebuild_committed(engine)
     engine.rounds = rebuilt_after_each
 
 

@@ -38,12 +38,12 @@ import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
 from harness.check.localize.crash_rungs import accept_rung, model_rung
-from harness.check.localize.memory_rungs import rebuilt_commit_throughout, strict_allocation_throughout
-from harness.engine.attn.exact import ArmedAttention, ExactAttention
+from harness.check.localize.memory_rungs import (rebuild_committed, rebuilt_commit_throughout,
+                                                 strict_allocation_throughout)
+from harness.engine.attn.exact import ArmedAttention
 from harness.engine.attn.base import serving_of
-from harness.engine.attn.torch_backend import TorchBackend
 from harness.engine.ddtree.tree import DraftTree
-from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch, prefill_metadata
+from harness.engine.ddtree.verify_inputs import AttnMetadata, VerifyBatch
 
 
 @dataclass(frozen=True)
@@ -230,28 +230,6 @@ def _rebuilt_commit_throughout(q, step: int):
     """The commit stage replaced from the start, at any page size: the round's rows freed, the accepted ones on
     fresh slots, the cache rebuilt from the token ids after each round (memory_rungs.rebuilt_commit_throughout)."""
     return rebuilt_commit_throughout(q, step)
-
-
-def rebuild_committed(engine) -> None:
-    """Each live request's cache from its ids: its slots freed, n fresh ones taken, K/V of positions 0..n-1
-    written by a causal forward over its committed tokens whose attention is a float64 softmax (not the
-    backend under test), req_to_token and seq_len set."""
-    live = [r for r in engine.requests if not r.finished]
-    r2t, owned = engine.req_pool.req_to_token, engine.pool.allocator.owned
-    for r in live:
-        old = [s for s in dict.fromkeys(r2t[r.req_pool_idx, :r.seq_len].tolist()) if s in owned]
-        if old:
-            engine.pool.allocator.free(torch.tensor(old, dtype=torch.int64))
-            owned = engine.pool.allocator.owned
-    plain = ExactAttention(TorchBackend(engine.s.device, engine.s.torch_dtype))
-    for r in live:
-        ids = r.committed_tokens()
-        n = len(ids)
-        loc = engine.pool.allocator.alloc(n).to(engine.s.device)                      # [n]
-        engine.model.forward(torch.tensor(ids, device=engine.s.device), torch.arange(n, device=engine.s.device),
-                             prefill_metadata([n], loc).to(engine.s.device), engine.pool, plain)
-        r2t[r.req_pool_idx, :n] = loc
-        r.seq_len = n
 
 
 # -- verify inputs -------------------------------------------------------------------------------------------------
