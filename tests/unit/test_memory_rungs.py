@@ -285,3 +285,23 @@ def test_a_crash_retiring_the_last_requests_is_proven_by_a_replaced_run_that_end
     assert s.replacements[-1]["judged_at"] == last and s.first.step == last + 1, s.replacements[-1]
     assert f"raised after step {last}, the run's last" in s.first.detail, s.first.detail
     assert all(r["judged_at"] is None for r in s.replacements[:-1])   # the runs that raised were judged nowhere
+
+
+# -- a divergent step at page size > 1 -------------------------------------------------------------------------------
+
+def _commit_paged_last_position_elsewhere(req_to_token, pool, req_pool_idx, seq_len, placement, acceptance):
+    """The paged commit, then the prefix's last position pointed at the same offset of page 0 (the padding page):
+    no crash, a wrong K/V read at the next step."""
+    n = commit_paged(req_to_token, pool, req_pool_idx, seq_len, placement, acceptance)
+    row = req_to_token.req_to_token[req_pool_idx]
+    row[seq_len - 1] = int(row[seq_len - 1]) % pool.page_size
+    return n
+
+
+def test_a_wrong_paged_commit_that_diverges_is_proven_commit_by_the_divergent_step_rungs(base):
+    p = derive(base, replace(SETTING, page_size=16, stop_after=1),
+               pipeline=replace(base.engine.pipeline, commit_paged=_commit_paged_last_position_elsewhere))
+    s = check(p, RecordWriter(None))
+    assert s.crash is None and s.verdict == "diverge", (s.crash, s.verdict)
+    assert s.replacements and s.replacements[0]["stage"] == "commit" and s.replacements[0]["correct"], s.replacements
+    assert s.stage == "commit", (s.stage, s.explanation)

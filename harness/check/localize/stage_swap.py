@@ -81,9 +81,10 @@ def proven(found: list[Replacement]) -> Replacement | None:
 
 
 def prove_divergent_step(p, step: int) -> list[Replacement]:
-    """The rungs for a step whose nodes diverged (p: the run's Prepared). Empty where the engine's
-    layout is not one these replacements rebuild (a serving backend, a paged pool, MLA, --tp, a port)."""
-    if not _replaceable(p):
+    """The rungs for a step whose nodes diverged (p: the run's Prepared), at any page size (the rebuilt cache and
+    batches go through req_to_token). Empty where the engine's layout is not one these replacements rebuild (a
+    serving backend, MLA, --tp, a port)."""
+    if not _replaceable(p, any_page_size=True):
         return []
     before = _judged_step(p, step, None)[0]
     # a cache the ids do not give is the commit's, or the emission's (the ids themselves): the bookkeeping audit
