@@ -7,14 +7,12 @@ same weights and oracle.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
 
 from ddschema import ModelConfig
 from harness.engine.attn import BackendUnavailable, make_backend
-from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
 from harness.verdict.noise_floor import NoiseFloorRule, planned_nodes, verdict_rule
 from harness.verdict.tolerance import matmul_precision, rel_tolerance
 from harness.faults import apply_fault
@@ -24,6 +22,7 @@ from harness.check.oracle_lookup import OracleUnavailable, load_oracle_class
 from harness.check.oracle_placement import OraclePlan, decide, place_weights
 from harness.ports.attach import PortRun, attach_port
 from harness.check.causal_twin import CausalTwin
+from harness.check.from_start import replaced_from_env
 from harness.engine.loop import Engine
 from harness.check.prompts import prompts_of
 from harness.engine.settings import (NotRunnableHere, PromptSpec, RunSettings, UsageError, prompt_tokens,
@@ -195,11 +194,11 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     if backend is None:
         with timed_phase(phases, "backend"):
             backend = make_backend(s.backend, s.device, s.torch_dtype)
-    check_capturable(s, backend)
     if pipeline is None:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
-        if os.environ.get(REPLACE_STAGE_ENV) == "attention":   # the watchdog's proof of a killed run's stage
-            pipeline = with_replaced_attention(pipeline)
+        # a rerun with one stage replaced from the start: the proof of a crash that left no engine (from_start.py)
+        s, pipeline = replaced_from_env(s, pipeline)
+    check_capturable(s, backend)
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s, loaded.tokenizer))
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
     for spec, toks in zip(specs, ids):

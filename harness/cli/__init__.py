@@ -32,6 +32,8 @@ def main() -> None:
     dump = watchdog.enable_fault_dump() if watchdog.in_child() else None  # noqa: F841  (open for the process's life)
     try:   # the commands and all they import (the engine under test among them): a raise here is attributed
         import os
+        from harness.check.refusal import skip_from_env
+        skip_from_env()   # a rerun proving a validator's refusal false: skipped before the engine is imported
         import torch
         from harness.cli.common import USAGE_ERRORS, exit_usage, threads_from_env
         _register()

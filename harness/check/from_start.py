@@ -1,0 +1,87 @@
+"""A run with one stage replaced from its very start, in a process of its own: the proof of a crash that left no
+engine to rerun in-process (one raised while the engine under test was imported or built, or a kernel that
+killed its process). The crashed command runs again with DDCHECK_REPLACE_STAGE naming one replacement; when
+that rerun ends without a crash and matches the oracle, the replaced stage is proven the one that crashed
+(harness/cli/reruns.py climbs the ladder, harness/check/crash.py prove_from_start writes the proof).
+
+A replacement is tried only where it can change the crash: its `reach` (the code it stands in for) holds a frame
+of the crash's traceback. Choosing what to try by where the crash is proves nothing by itself; the rerun does.
+
+  DDCHECK_REPLACE_STAGE=<key>                    one of REGISTRY's keys
+  DDCHECK_REPLACE_STAGE=refusal:<module>:<class> that class's validator skipped (harness/check/refusal.py)
+
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from harness.check.refusal import REFUSAL_PREFIX
+from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
+
+
+@dataclass(frozen=True)
+class FromStart:
+    """One stage replaced from the start of a run."""
+
+    stage: str                # the localizer's stage word (localize/wrong.py STAGE_WORDS' values)
+    replaced_by: str          # what stands in for it, as the proof's sentence says
+    # the code it stands in for: project paths, a prefix ("harness/engine/mem/") or one function
+    # ("harness/engine/loop.py::__init__"); a crash with no frame there is not tried with it
+    reach: tuple[str, ...]
+    # (settings, pipeline) -> (settings, pipeline) as the rerun builds its engine
+    apply: Callable
+
+    def __post_init__(self) -> None:
+        if not self.stage or not self.reach:
+            raise ValueError("a from-start replacement names its stage and the code it reaches")
+
+    def reaches(self, frames: list[tuple[str, str]]) -> bool:
+        """frames: (project path, function) of a crash's engine frames."""
+        for path, func in frames:
+            for r in self.reach:
+                where, _, fn = r.partition("::")
+                if (path == where and (not fn or fn == func)) or (not fn and where.endswith("/")
+                                                                  and path.startswith(where)):
+                    return True
+        return False
+
+
+def _attention(s, pipeline):
+    return s, with_replaced_attention(pipeline)
+
+
+# in ladder order, narrowest first (as localize/stage_swap.py prove_crash climbs)
+REGISTRY: dict[str, FromStart] = {
+    "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
+                           ("harness/engine/attn/",), _attention),
+}
+
+
+def ladder(frames: list[tuple[str, str]], refusal: str | None) -> list[str]:
+    """The DDCHECK_REPLACE_STAGE values to try for a crash with these engine frames, in order: every registered
+    replacement that reaches one of them, then (where the crash is a validator's refusal) the refusal skipped."""
+    keys = [k for k, fs in REGISTRY.items() if fs.reaches(frames)]
+    return keys + ([refusal] if refusal else [])
+
+
+def described(key: str) -> tuple[str, str]:
+    """(stage word, what replaced it) of a DDCHECK_REPLACE_STAGE value."""
+    if key.startswith(REFUSAL_PREFIX):
+        from harness.check.refusal import refusal_stage
+        module, _, cls = key[len(REFUSAL_PREFIX):].partition(":")
+        return refusal_stage(module), f"the run with {cls}'s validator skipped, from the start, in a new process"
+    fs = REGISTRY[key]
+    return fs.stage, fs.replaced_by
+
+
+def replaced_from_env(s, pipeline):
+    """(settings, pipeline) as this process's rerun builds its engine: unchanged unless DDCHECK_REPLACE_STAGE names
+    a registered replacement (a refusal is applied at start-up instead: harness/check/refusal.py)."""
+    key = os.environ.get(REPLACE_STAGE_ENV)
+    if not key or key.startswith(REFUSAL_PREFIX):
+        return s, pipeline
+    if key not in REGISTRY:
+        raise ValueError(f"{REPLACE_STAGE_ENV}={key!r}: not one of {', '.join(REGISTRY)} or {REFUSAL_PREFIX}...")
+    return REGISTRY[key].apply(s, pipeline)
