@@ -30,7 +30,8 @@ class FromStart:
     # the code it stands in for: project paths, a prefix ("harness/engine/mem/") or one function
     # ("harness/engine/loop.py::__init__"); a crash with no frame there is not tried with it
     reach: tuple[str, ...]
-    # (settings, pipeline) -> (settings, pipeline) as the rerun builds its engine
+    # (settings, pipeline, prompt ids) -> (settings, pipeline, built) as the rerun builds its engine: built(engine),
+    # or None, runs once the engine is built (prepare.build), before anything runs
     apply: Callable
 
     def __post_init__(self) -> None:
@@ -48,14 +49,31 @@ class FromStart:
         return False
 
 
-def _attention(s, pipeline):
-    return s, with_replaced_attention(pipeline)
+def _attention(s, pipeline, prompt_ids):
+    return s, with_replaced_attention(pipeline), None
+
+
+def _kv_allocation(s, pipeline, prompt_ids):
+    """The engine's KV memory replaced from its construction for the rest of this process (the rerun's own), then
+    the KV allocation rung's hooks on the engine built (localize/memory_start.py, memory_rungs.py)."""
+    from harness.check.localize.memory_rungs import strict_allocation_throughout
+    from harness.check.localize.memory_start import enter_for_process
+    enter_for_process(s, prompt_ids)
+    return s, pipeline, strict_allocation_throughout(None, 0)
 
 
 # in ladder order, narrowest first (as localize/stage_swap.py prove_crash climbs)
 REGISTRY: dict[str, FromStart] = {
     "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
                            ("harness/engine/attn/",), _attention),
+    # broader than the attention: everything the KV allocation rung stands in for, the memory's construction too
+    "KV allocation": FromStart("KV allocation", "a KV pool, a strict token-slot allocator and a req_to_token table "
+                               "of its own, sized from the settings and the prompts (every row on a fresh slot, the "
+                               "cache rebuilt from the token ids after each round), from the start, in a new process",
+                               ("harness/engine/mem/", "harness/engine/loop.py::__init__",
+                                "harness/engine/round_stages.py", "harness/engine/ddtree/verify_slots.py",
+                                "harness/engine/ddtree/commit.py", "harness/engine/ddtree/commit_paged.py"),
+                               _kv_allocation),
 }
 
 
@@ -76,12 +94,13 @@ def described(key: str) -> tuple[str, str]:
     return fs.stage, fs.replaced_by
 
 
-def replaced_from_env(s, pipeline):
-    """(settings, pipeline) as this process's rerun builds its engine: unchanged unless DDCHECK_REPLACE_STAGE names
-    a registered replacement (a refusal is applied at start-up instead: harness/check/refusal.py)."""
+def replaced_from_env(s, pipeline, prompt_ids: list[list[int]]):
+    """(settings, pipeline, built) as this process's rerun builds its engine over these prompts: unchanged (built
+    None) unless DDCHECK_REPLACE_STAGE names a registered replacement (a refusal is applied at start-up instead:
+    harness/check/refusal.py); built(engine), where not None, runs once the engine is built."""
     key = os.environ.get(REPLACE_STAGE_ENV)
     if not key or key.startswith(REFUSAL_PREFIX):
-        return s, pipeline
+        return s, pipeline, None
     if key not in REGISTRY:
         raise ValueError(f"{REPLACE_STAGE_ENV}={key!r}: not one of {', '.join(REGISTRY)} or {REFUSAL_PREFIX}...")
-    return REGISTRY[key].apply(s, pipeline)
+    return REGISTRY[key].apply(s, pipeline, prompt_ids)

@@ -194,13 +194,16 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     if backend is None:
         with timed_phase(phases, "backend"):
             backend = make_backend(s.backend, s.device, s.torch_dtype)
-    if pipeline is None:
+    fresh, built = pipeline is None, None
+    if fresh:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
-        # a rerun with one stage replaced from the start: the proof of a crash that left no engine (from_start.py)
-        s, pipeline = replaced_from_env(s, pipeline)
-    check_capturable(s, backend)
     specs = prompts_for_batch(s.batch, prompts if prompts is not None else prompts_of(s, loaded.tokenizer))
     ids = [prompt_tokens(q, i, cfg.vocab_size, s.seed) for i, q in enumerate(specs)]
+    if fresh:
+        # a rerun with one stage replaced from the start: the proof of a crash that left no engine (from_start.py);
+        # built(engine), where not None, finishes the replacement once the engine is built
+        s, pipeline, built = replaced_from_env(s, pipeline, ids)
+    check_capturable(s, backend)
     for spec, toks in zip(specs, ids):
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash
             raise UsageError(f"prompt {spec.name!r}: token id {max(toks)} is outside the model's vocabulary "
@@ -210,6 +213,8 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     with timed_phase(phases, "engine_build"):
         # the weights are shared; cast only off the run dtype
         engine = engine_class(s)(s, cfg, loaded.weights, backend, specs, ids, pipeline)
+        if built is not None:
+            built(engine)
         guide_drafts_by_the_oracle(engine, s, loaded)
         twin = twin_for(s, engine)
     return Prepared(s, engine, loaded, specs, ids, port=port, twin=twin, load_s=phases if load_s else {})

@@ -40,6 +40,7 @@ from harness.check.compare.metrics import compare_rows, engine_block
 from harness.check.localize.crash_rungs import accept_rung, model_rung
 from harness.check.localize.memory_rungs import (rebuild_committed, rebuilt_commit_throughout,
                                                  strict_allocation_throughout)
+from harness.check.localize.memory_start import derived_with_own_memory
 from harness.engine.attn.exact import ArmedAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.ddtree.tree import DraftTree
@@ -118,8 +119,9 @@ def prove_crash(p, step: int) -> list[Replacement]:
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(accept_rung())   # before the commit: a bad acceptance the commit raises on is the acceptance's
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
-    rungs.append(("KV allocation", "a strict token-slot allocator over the same pool (every row on a fresh slot, the "
-                  "cache rebuilt from the token ids after each round)", None, strict_allocation_throughout))
+    rungs.append(("KV allocation", "a KV pool, a strict token-slot allocator and a req_to_token table of its own, "
+                  "sized from the settings and the prompts (every row on a fresh slot, the cache rebuilt from the "
+                  "token ids after each round)", derived_with_own_memory, strict_allocation_throughout))
     rungs.append(model_rung())    # last: the widest replacement (crash_rungs.py says why)
     return _climb(p, step, None, rungs, to_end=True)
 
