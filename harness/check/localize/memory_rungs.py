@@ -9,10 +9,13 @@ at page size > 1 unchanged.
                   each request's length grows by its accepted rows on fresh slots, and once the round has
                   emitted, every live request's cache is rebuilt from its token ids (rebuild_committed, below)
                   before the next round reads it
-  KV allocation   the broadest: the engine's allocator and its row placement, the prefill's allocations
-                  included, replaced by StrictSlots, an independent token-slot allocator over the same pool
-                  (its size the pool's buffers', not the engine's allocator's), the rows on fresh slots, and
-                  therefore the commit too, as above. A crash in the allocator, its pages, the branch regions
+  KV allocation   the broadest: the engine's memory from its construction (memory_start.py: a KV pool, its
+                  StrictSlots ledger and a req_to_token table of the rung's own, sized from the settings and
+                  the prompts, not by the engine's pool_slots or its request count), then the engine's
+                  allocator and its row placement, the prefill's allocations included, replaced by
+                  StrictSlots, an independent token-slot allocator over that pool (its size the pool's
+                  buffers'), the rows on fresh slots, and therefore the commit too, as above. A pool the
+                  engine sized too small, or whose construction raised, is then replaced too. A crash in the allocator, its pages, the branch regions
                   or the placement then runs through. It comes after the commit rung: a commit bug that frees
                   wrong (a double free the engine's allocator refuses) is the commit rung's to prove, and
                   StrictSlots refuses a double free as strictly
