@@ -14,11 +14,12 @@ at page size > 1 unchanged.
                   the prompts, not by the engine's pool_slots or its request count), then the engine's
                   allocator and its row placement, the prefill's allocations included, replaced by
                   StrictSlots, an independent token-slot allocator over that pool (its size the pool's
-                  buffers'), the rows on fresh slots, and therefore the commit too, as above. A pool the
-                  engine sized too small, or whose construction raised, is then replaced too. A crash in the allocator, its pages, the branch regions
-                  or the placement then runs through. It comes after the commit rung: a commit bug that frees
-                  wrong (a double free the engine's allocator refuses) is the commit rung's to prove, and
-                  StrictSlots refuses a double free as strictly
+                  buffers'), the rows on fresh slots, and therefore the commit too, as above. A crash in the
+                  allocator, its pages, the branch regions, the placement or a pool the engine sized too small
+                  then runs through (a construction that raised leaves no engine to rerun here: the same memory
+                  replaces it from a new process's start, check/from_start.py). It comes after the commit
+                  rung: a commit bug that frees wrong (a double free the engine's allocator refuses) is the
+                  commit rung's to prove, and StrictSlots refuses a double free as strictly
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
