@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import harness.engine.loop as loop
+from harness.check import from_start
 from harness.check.crash import PROVEN_CRASH
 from harness.check.differential import check
 from harness.check.localize import memory_start
@@ -125,6 +126,18 @@ def test_a_build_whose_memory_is_broken_runs_with_the_replacement_and_matches_th
     s = check(p, RecordWriter(None))
     assert s.crash is None and s.verdict == "pass", (s.crash, s.verdict, s.first)
     assert all(r.finished for r in p.engine.requests) and not p.engine.pool.allocator.owned
+
+
+@pytest.mark.parametrize("frames, keys", [
+    ([("harness/engine/mem/pool.py", "__init__"), ("harness/engine/loop.py", "__init__")], ["KV allocation"]),
+    ([("harness/engine/loop.py", "__init__")], ["KV allocation"]),
+    ([("harness/engine/mem/paged.py", "pool_slots")], ["KV allocation"]),
+    ([("harness/engine/loop.py", "prefill")], []),
+    ([("harness/engine/attn/torch_backend.py", "forward"), ("harness/engine/mem/pool.py", "set_kv")],
+     ["attention", "KV allocation"]),
+])
+def test_the_kv_allocation_replacement_is_tried_where_a_frame_of_the_crash_is_in_the_memory(frames, keys):
+    assert from_start.ladder(frames, None) == keys
 
 
 def test_the_attention_from_the_start_still_builds_with_the_engines_memory(base, monkeypatch):
