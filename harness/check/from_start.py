@@ -10,15 +10,21 @@ of the crash's traceback. Choosing what to try by where the crash is proves noth
   DDCHECK_REPLACE_STAGE=<key>                    one of REGISTRY's keys
   DDCHECK_REPLACE_STAGE=refusal:<module>:<class> that class's validator skipped (harness/check/refusal.py)
 
+The ladder is read where the engine under test may not even import (a raise at its import): this module, and
+each entry until it is applied, import nothing of the engine.
+
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import os
+import traceback
 from dataclasses import dataclass
 from typing import Callable
 
-from harness.check.refusal import REFUSAL_PREFIX
-from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
+from harness.check.refusal import REFUSAL_PREFIX, REPLACE_STAGE_ENV
+
+
+_ENGINE_CODE = ("harness/engine/", "harness/ports/", "harness/faults/", "ddschema/")
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class FromStart:
 
 
 def _attention(s, pipeline):
+    from harness.engine.attn.exact import with_replaced_attention
     return s, with_replaced_attention(pipeline)
 
 
@@ -57,6 +64,21 @@ REGISTRY: dict[str, FromStart] = {
     "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
                            ("harness/engine/attn/",), _attention),
 }
+
+
+def engine_frames(e: BaseException) -> list[tuple[str, str]]:
+    """(project path, function) of every frame of e's traceback (and its cause's) in the engine under test's code
+    or the schema it shares, outermost first."""
+    from harness.check.crash import project_path
+    out, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for frame in traceback.extract_tb(e.__traceback__):
+            rel = project_path(frame.filename)
+            if rel is not None and rel.startswith(_ENGINE_CODE):
+                out.append((rel, frame.name))
+        e = e.__cause__
+    return out
 
 
 def ladder(frames: list[tuple[str, str]], refusal: str | None) -> list[str]:
@@ -71,7 +93,8 @@ def described(key: str) -> tuple[str, str]:
     if key.startswith(REFUSAL_PREFIX):
         from harness.check.refusal import refusal_stage
         module, _, cls = key[len(REFUSAL_PREFIX):].partition(":")
-        return refusal_stage(module), f"the run with {cls}'s validator skipped, from the start, in a new process"
+        return refusal_stage(module), (f"the same run without {cls}'s validator (its refusal then proven false), "
+                                       "from the start, in a new process")
     fs = REGISTRY[key]
     return fs.stage, fs.replaced_by
 
