@@ -14,9 +14,10 @@ Layer: check. Imports ports, faults, the engine and below; never report, workflo
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from harness.check.prefill_layout import independent_prefill_metadata
 from harness.check.refusal import REFUSAL_PREFIX
 from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
 
@@ -52,10 +53,38 @@ def _attention(s, pipeline):
     return s, with_replaced_attention(pipeline)
 
 
+def budget_plus_one(budget: int) -> int:
+    """The verify width from the budget alone: the root and `budget` draft nodes, one row each."""
+    return int(budget) + 1
+
+
+def _verify_width(s, pipeline):
+    return s, replace(pipeline, width=budget_plus_one)
+
+
+def _prefill_metadata(s, pipeline):
+    return s, replace(pipeline, prefill_metadata=independent_prefill_metadata)
+
+
+def _eager(s, pipeline):
+    return replace(s, cuda_graph=False), pipeline
+
+
 # in ladder order, narrowest first (as localize/stage_swap.py prove_crash climbs)
 REGISTRY: dict[str, FromStart] = {
     "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
                            ("harness/engine/attn/",), _attention),
+    # a wrong width raises where it is used (the pools, the graph's buffers sized by it), not in verify_width:
+    # the engine's build is reached too
+    "tree build": FromStart("tree build", "the verify width budget + 1, from the start, in a new process",
+                            ("harness/engine/pipeline.py", "harness/engine/loop.py::__init__"), _verify_width),
+    # wrong prefill metadata raises where the prefill's forward reads it: the prefill is reached too
+    "verify inputs": FromStart("verify inputs", "the prefill's metadata laid out from the prompts' lengths and "
+                               "slots, from the start, in a new process",
+                               ("harness/engine/ddtree/verify_inputs.py", "harness/engine/loop.py::prefill"),
+                               _prefill_metadata),
+    "graph": FromStart("graph", "the eager forward (no graph runner), from the start, in a new process",
+                       ("harness/engine/graph.py", "harness/engine/serving_graph.py"), _eager),
 }
 
 
