@@ -14,6 +14,7 @@ import torch
 from harness.check import prepare as prepare_mod
 from harness.check.crash import PROVEN_CRASH
 from harness.check.differential import check
+from harness.check.localize import memory_rungs
 from harness.check.from_start import REGISTRY, ladder
 from harness.check.prefill_layout import independent_prefill_metadata
 from harness.check.prepare import build, derive, prepare
@@ -53,6 +54,24 @@ def test_the_independent_prefill_metadata_is_the_engines(lens, page_size):
 def test_the_independent_prefill_metadata_refuses_slots_that_do_not_fit_the_prompts():
     with pytest.raises(ValueError, match="5 slots for 6 prompt rows"):
         independent_prefill_metadata([2, 4], torch.arange(5))
+
+
+def _raises(prompt_lens, out_cache_loc):
+    raise RuntimeError("the engine's prefill metadata was called")
+
+
+def test_the_cache_rebuilt_from_the_ids_does_not_lay_out_its_prefill_by_the_engines_code(base, monkeypatch):
+    """rebuild_committed, the commit rung's yardstick, runs with the engine's prefill_metadata raising wherever it is
+    called from (its code replaced, not a module's name for it), and writes the K/V the engine's prefill wrote."""
+    p = derive(base, SETTING, pipeline=replace(base.engine.pipeline, prefill_metadata=independent_prefill_metadata))
+    e = p.engine
+    monkeypatch.setattr(verify_inputs.prefill_metadata, "__code__", _raises.__code__)
+    e.prefill()
+    r = e.requests[1]
+    before = e.pool.k_buffer[0][e.req_pool.req_to_token[r.req_pool_idx, :r.seq_len]].clone()   # [n, heads, d]
+    memory_rungs.rebuild_committed(e)
+    after = e.pool.k_buffer[0][e.req_pool.req_to_token[r.req_pool_idx, :r.seq_len]]
+    assert r.seq_len == len(r.prompt) and torch.allclose(before, after, atol=1e-5), (before - after).abs().max()
 
 
 # -- the crash rung ------------------------------------------------------------------------------------------------
