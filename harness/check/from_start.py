@@ -13,8 +13,9 @@ of the crash's traceback. Choosing what to try by where the crash is proves noth
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Callable
 
 from harness.check.prefill_layout import independent_prefill_metadata
@@ -58,12 +59,23 @@ def budget_plus_one(budget: int) -> int:
     return int(budget) + 1
 
 
+def _with(pipeline, **stages):
+    """The pipeline with these stages replaced; where the engine's Pipeline is not the dataclass it claims to be (its
+    decorator lost), a copy with them set: the rerun then shows what else breaks, not a crash of ddcheck's own."""
+    if is_dataclass(pipeline):
+        return replace(pipeline, **stages)
+    out = copy.copy(pipeline)
+    for name, stage in stages.items():
+        object.__setattr__(out, name, stage)
+    return out
+
+
 def _verify_width(s, pipeline):
-    return s, replace(pipeline, width=budget_plus_one)
+    return s, _with(pipeline, width=budget_plus_one)
 
 
 def _prefill_metadata(s, pipeline):
-    return s, replace(pipeline, prefill_metadata=independent_prefill_metadata)
+    return s, _with(pipeline, prefill_metadata=independent_prefill_metadata)
 
 
 def _eager(s, pipeline):

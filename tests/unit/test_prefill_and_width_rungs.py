@@ -167,3 +167,15 @@ def test_the_from_start_ladder_tries_each_replacement_where_its_code_is_in_the_c
     assert ladder([("harness/engine/loop.py", "__init__"), ("harness/engine/graph.py", "capture_buckets")],
                   None) == ["tree build", "graph"]
     assert ladder([("harness/engine/ddtree/verify_inputs.py", "prefill_metadata")], None) == ["verify inputs"]
+
+
+def test_a_pipeline_that_lost_its_dataclass_is_replaced_on_a_copy_not_a_crash_of_ddchecks():
+    """pipeline.py's `@dataclass(frozen=True)` removed (a seed-2 mutant): the from-start width still applies (the
+    rerun then shows what else breaks) instead of ddcheck raising an internal error in dataclasses.replace."""
+    class Undecorated:
+        width = staticmethod(_float_width)
+    own = Undecorated()
+    s, replaced = REGISTRY["tree build"].apply(SETTING, own)
+    assert s == SETTING and replaced is not own and replaced.width(8) == 9 and own.width(8) == 8.0
+    _, replaced = REGISTRY["verify inputs"].apply(SETTING, own)
+    assert replaced.prefill_metadata is independent_prefill_metadata
