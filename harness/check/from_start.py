@@ -16,9 +16,10 @@ each entry until it is applied, import nothing of the engine.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import copy
 import os
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Callable
 
 from harness.check.refusal import REFUSAL_PREFIX, REPLACE_STAGE_ENV
@@ -59,10 +60,50 @@ def _attention(s, pipeline):
     return s, with_replaced_attention(pipeline)
 
 
+def budget_plus_one(budget: int) -> int:
+    """The verify width from the budget alone: the root and `budget` draft nodes, one row each."""
+    return int(budget) + 1
+
+
+def _with(pipeline, **stages):
+    """The pipeline with these stages replaced; where the engine's Pipeline is not the dataclass it claims to be (its
+    decorator lost), a copy with them set: the rerun then shows what else breaks, not a crash of ddcheck's own."""
+    if is_dataclass(pipeline):
+        return replace(pipeline, **stages)
+    out = copy.copy(pipeline)
+    for name, stage in stages.items():
+        object.__setattr__(out, name, stage)
+    return out
+
+
+def _verify_width(s, pipeline):
+    return s, _with(pipeline, width=budget_plus_one)
+
+
+def _prefill_metadata(s, pipeline):
+    from harness.check.prefill_layout import independent_prefill_metadata
+    return s, _with(pipeline, prefill_metadata=independent_prefill_metadata)
+
+
+def _eager(s, pipeline):
+    return replace(s, cuda_graph=False), pipeline
+
+
 # in ladder order, narrowest first (as localize/stage_swap.py prove_crash climbs)
 REGISTRY: dict[str, FromStart] = {
     "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
                            ("harness/engine/attn/",), _attention),
+    # a wrong width raises where it is used (the pools, the graph's buffers sized by it), not in verify_width:
+    # the engine's build is reached too
+    "tree build": FromStart("tree build", "the verify width budget + 1, from the start, in a new process",
+                            ("harness/engine/pipeline.py", "harness/engine/loop.py::__init__"), _verify_width),
+    # wrong prefill metadata raises where the prefill's forward reads it: the prefill is reached too
+    "verify inputs": FromStart("verify inputs", "the prefill's metadata laid out from the prompts' lengths and "
+                               "slots, from the start, in a new process",
+                               ("harness/engine/ddtree/verify_inputs.py", "harness/engine/loop.py::prefill"),
+                               _prefill_metadata),
+    "graph": FromStart("graph", "the eager forward (no graph runner), from the start, in a new process",
+                       ("harness/engine/graph.py", "harness/engine/serving_graph.py"), _eager),
 }
 
 

@@ -41,6 +41,7 @@ from harness.check.compare.metrics import compare_rows, engine_block
 from harness.check.localize.crash_rungs import accept_rung, model_rung
 from harness.check.localize.memory_rungs import (rebuild_committed, rebuilt_commit_throughout,
                                                  strict_allocation_throughout)
+from harness.check.prefill_layout import independent_prefill_metadata
 from harness.check.refusal import refusal_stage, validator_skipped
 from harness.engine.attn.exact import ArmedAttention
 from harness.engine.attn.base import serving_of
@@ -115,7 +116,8 @@ def prove_crash(p, step: int, refusal: str | None = None) -> list[Replacement]:
         return []
     rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
-             ("verify inputs", "batches laid out from the trees and token ids", None,
+             ("verify inputs", "the prefill's metadata from the prompts' lengths and slots, batches laid out from the "
+              "trees and token ids", None,
               _independent_verify_inputs_throughout)]
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
     if p.settings.cuda_graph:   # after the attention, as for a divergent step
@@ -270,8 +272,10 @@ def _independent_mask_throughout(q, step: int):
 
 
 def _independent_verify_inputs_throughout(q, step: int):
+    """Every round's verify batch, and the prefill's metadata before them, laid out independently (the prefill's
+    from the prompts' lengths and slots: harness/check/prefill_layout.py)."""
     def install(engine) -> None:
-        engine.pipeline = replace(engine.pipeline,
+        engine.pipeline = replace(engine.pipeline, prefill_metadata=independent_prefill_metadata,
                                   build_verify_batch=lambda *args: independent_batch(engine, *args))
     return install
 
