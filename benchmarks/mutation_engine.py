@@ -215,6 +215,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the cosmic-ray 8.x executable (default: $COSMIC_RAY, else on PATH; not with --from)")
     ap.add_argument("--sample", type=int, default=100, help="mutants to judge, stratified over modules (0: all)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reanchor", action="store_true", help="with --from: judge on a tree whose mutated modules "
+                    "changed since the export; each mutant's hunk is applied where its lines stand now when they "
+                    "stand in one place, left out (listed) otherwise")
     ap.add_argument("--only", default="", help="comma-separated mutant keys MODULE:OPERATOR:OCCURRENCE")
     ap.add_argument("--jobs", type=int, default=2, help="mutants judged at once")
     ap.add_argument("--device", default="cpu", help="--device of the settings on SGLang's kernels (cuda on a GPU "
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = [("cosmic-ray" if x == a.cosmic_ray else x) for x in (argv if argv is not None else sys.argv[1:])]
     command = "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args)
     if a.from_file:
-        listing, exported = read_export(Path(a.from_file), ROOT)
+        listing, exported = read_export(Path(a.from_file), ROOT, a.reanchor)
         judged = {r["mutant"] for f in a.skip for r in json.loads(Path(f).read_text())["rows"]}
         try:
             exported = pick(exported, set(filter(None, a.only.split(","))), judged)
@@ -313,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.shard:
             exported = shard(exported, *parse_shard(a.shard))
         work = [(e.mutant, e.apply) for e in exported]
-        listing = {k: listing.get(k) for k in ("cosmic_ray", "tree", "listed", "in_scope", "in_annotations", "seed")}
+        listing = {k: listing.get(k) for k in ("cosmic_ray", "tree", "listed", "in_scope", "in_annotations", "seed",
+                                               *(("changed_modules", "reanchored", "not_reanchored") if a.reanchor
+                                                 else ()))}
         listing.update(exported_from=Path(a.from_file).name, shard=a.shard, tree_here=tree_revision())
     else:
         chosen, listing = listed_and_chosen(a, truth)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness.check.refusal import refused_by
 from harness.ports.loading import PORT_MODULE_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]  # the project: harness/, reference/, ddschema/
@@ -51,6 +52,7 @@ class Crash:
     traceback: str
     in_step: bool = False   # raised while that step was being checked (else: after it, in the engine's next round)
     sglang: str | None = None   # the installed SGLang's version ("not installed"): set for a port's own raise
+    refusal: str | None = None  # "module:Class" of the validator it was raised in (harness/check/refusal.py)
 
     def __post_init__(self) -> None:
         if self.side not in SIDES:
@@ -76,7 +78,8 @@ class Crash:
     def brief(self) -> dict:
         """What the summary carries."""
         return {"side": self.side, "where": self.where, "error": self.error, "step": self.step,
-                "in_step": self.in_step, "sglang": self.sglang, "sentence": self.sentence()}
+                "in_step": self.in_step, "sglang": self.sglang, "sentence": self.sentence(),
+                **({"refusal": self.refusal} if self.refusal else {})}
 
 
 # the engine's files -> the verify stage (in the domain's words, localize/wrong.STAGE_WORDS, plus "load") whose
@@ -100,7 +103,7 @@ PROVEN_CRASH = "proven-crash"
 
 
 def proven_crash_detail(step: int | None, error: str, where: str, stage: str, replaced_by: str,
-                        error_after: float | None, judged_at: int | None = None) -> str:
+                        error_after: float | None, judged_at: int | None = None, when: str | None = None) -> str:
     """The first divergence's sentence for a proven crash: what the engine did not produce, why, and the proof.
     judged_at: the replaced run ended after that step without raising (the engine raised after its last step,
     retiring its requests) and was judged there."""
@@ -109,7 +112,10 @@ def proven_crash_detail(step: int | None, error: str, where: str, stage: str, re
         return (f"the engine raised after step {judged_at}, the run's last: {error} at {where}; with the {stage} "
                 f"stage replaced by {replaced_by} the run ends there without raising and step {judged_at} matches "
                 f"the oracle{after}")
-    at = f"at step {step}" if step is not None and step >= 0 else "at the step its process died in"
+    at = when or (f"at step {step}" if step is not None and step >= 0 else "at the step its process died in")
+    if when is not None:   # a rerun from the start: the whole run, not one step, is what was judged
+        return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
+                f"{replaced_by} the run ends and matches the oracle{after}")
     return (f"the engine produced no logits {at}: {error} at {where}; with the {stage} stage replaced by "
             f"{replaced_by} the step runs and matches the oracle{after}")
 
@@ -120,30 +126,41 @@ KILLED_RERUN = "a float64 softmax of the same inputs, from the start, in a new p
 def prove_killed(summary: dict, rerun: dict | None) -> None:
     """A killed run's summary (harness/cli/watchdog.py, harness/workflows/worker_deaths.py) with the outcome of
     the same run again in a new process with its attention replaced by a float64 softmax from the start
-    (`rerun`: its summary; None: none came back) as its replacement. When the rerun ends without a crash and
-    matches the oracle, the attention kernel is proven the stage and the death is a divergence (PROVEN_CRASH)."""
+    (`rerun`: its summary; None: none came back) as its replacement (prove_from_start)."""
+    prove_from_start(summary, "attention", "a float64 softmax of the same inputs", KILLED_RERUN, rerun,
+                     "the killed run rerun in a new process", None)
+
+
+def prove_from_start(summary: dict, stage: str, replaced: str, replaced_by: str, rerun: dict | None,
+                     note: str, when: str | None = "before its first verify step") -> bool:
+    """A crashed run's summary (a dict, as written) with one more rung: the same run again in a new process with
+    `stage` replaced by `replaced_by` from the start (harness/check/from_start.py; `rerun`: its summary, None:
+    none came back). When the rerun ends without a crash and matches the oracle, the stage is proven and the
+    crash is a divergence (PROVEN_CRASH); True then. `replaced`: the replacement's short name in the record;
+    `when`: when the engine raised (None: a killed process, at the step it died in)."""
     if rerun is None:
-        return
+        return False
     correct = rerun.get("verdict") == "pass" and not rerun.get("crash")
     bound = rerun.get("max_noise_ratio") or ((rerun.get("max_rel_err") or 0.0) / (rerun.get("tolerance") or 1.0))
     after = None if rerun.get("crash") else bound
     said = ("correct: the cause" if correct else
             "still " + ("crashed" if rerun.get("crash") else "diverging") + f" ({rerun.get('verdict')})")
-    sentence = (f"attention replaced by {KILLED_RERUN}: the run crashed -> "
+    sentence = (f"{stage} replaced by {replaced_by}: the run crashed -> "
                 f"{'crashed' if after is None else f'error {after:.3g}x its bound'} ({said})")
-    summary["replacements"] = [{"stage": "attention", "replaced_by": "a float64 softmax of the same inputs",
-                                "step": None, "error_before": None, "error_after": after, "correct": correct,
-                                "note": "the killed run rerun in a new process", "sentence": sentence}]
-    summary["explanation"] = f"{summary.get('explanation')}; proven by replacement: {sentence}"
+    summary["replacements"] = [*summary.get("replacements", []),
+                               {"stage": stage, "replaced_by": replaced, "step": None, "error_before": None,
+                                "error_after": after, "correct": correct, "note": note, "sentence": sentence}]
     if not correct:
-        return
-    summary["stage"], summary["quantity"] = "attention", "crash"
+        return False
+    summary["explanation"] = f"{summary.get('explanation')}; proven by replacement: {sentence}"
+    summary["stage"], summary["quantity"] = stage, "crash"
     crash = summary.get("crash") or {}
-    detail = proven_crash_detail(None, crash.get("error") or "?", crash.get("where") or "?", "attention",
-                                 KILLED_RERUN, after)
+    detail = proven_crash_detail(None, crash.get("error") or "?", crash.get("where") or "?", stage,
+                                 replaced_by, after, when=when)
     summary["first"] = {**(summary.get("first") or {"step": -1, "request": -1, "node": -1, "depth": None,
                                                       "padding_present": False, "rel_err": None}),
                         "what": PROVEN_CRASH, "detail": detail}
+    return True
 
 
 def crash_stage(crash: Crash) -> str | None:
@@ -225,4 +242,4 @@ def attribute(e: BaseException, step: int | None = None, in_step: bool = False) 
     error = traceback.format_exception_only(type(e), e)[-1].strip()
     return Crash(side, where or raised_at, raised_at, error, step,
                  "".join(traceback.format_exception(type(e), e, e.__traceback__)), in_step,
-                 installed_sglang() if side == "port" else None)
+                 installed_sglang() if side == "port" else None, refused_by(e) if side == "engine" else None)

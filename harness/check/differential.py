@@ -604,7 +604,7 @@ def _prove(p: Prepared, summary: CheckSummary, crash: bool) -> None:
             if c.get("side") != "engine":
                 return
             step = 0 if c.get("step") is None else c["step"] + (0 if c.get("in_step") else 1)
-            found = prove_crash(p, step)
+            found = prove_crash(p, step, c.get("refusal"))
         else:
             found = prove_divergent_step(p, first.step)
     except Exception as e:  # noqa: BLE001  (the verdict and the audits' story stand without it)

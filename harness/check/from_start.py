@@ -10,15 +10,22 @@ of the crash's traceback. Choosing what to try by where the crash is proves noth
   DDCHECK_REPLACE_STAGE=<key>                    one of REGISTRY's keys
   DDCHECK_REPLACE_STAGE=refusal:<module>:<class> that class's validator skipped (harness/check/refusal.py)
 
+The ladder is read where the engine under test may not even import (a raise at its import): this module, and
+each entry until it is applied, import nothing of the engine.
+
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Callable
 
-from harness.check.refusal import REFUSAL_PREFIX
-from harness.engine.attn.exact import REPLACE_STAGE_ENV, with_replaced_attention
+from harness.check.refusal import REFUSAL_PREFIX, REPLACE_STAGE_ENV
+
+
+_ENGINE_CODE = ("harness/engine/", "harness/ports/", "harness/faults/", "ddschema/")
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,37 @@ class FromStart:
 
 
 def _attention(s, pipeline, prompt_ids):
+    from harness.engine.attn.exact import with_replaced_attention
     return s, with_replaced_attention(pipeline), None
+
+
+def budget_plus_one(budget: int) -> int:
+    """The verify width from the budget alone: the root and `budget` draft nodes, one row each."""
+    return int(budget) + 1
+
+
+def _with(pipeline, **stages):
+    """The pipeline with these stages replaced; where the engine's Pipeline is not the dataclass it claims to be (its
+    decorator lost), a copy with them set: the rerun then shows what else breaks, not a crash of ddcheck's own."""
+    if is_dataclass(pipeline):
+        return replace(pipeline, **stages)
+    out = copy.copy(pipeline)
+    for name, stage in stages.items():
+        object.__setattr__(out, name, stage)
+    return out
+
+
+def _verify_width(s, pipeline, prompt_ids):
+    return s, _with(pipeline, width=budget_plus_one), None
+
+
+def _prefill_metadata(s, pipeline, prompt_ids):
+    from harness.check.prefill_layout import independent_prefill_metadata
+    return s, _with(pipeline, prefill_metadata=independent_prefill_metadata), None
+
+
+def _eager(s, pipeline, prompt_ids):
+    return replace(s, cuda_graph=False), pipeline, None
 
 
 def _kv_allocation(s, pipeline, prompt_ids):
@@ -66,7 +103,19 @@ def _kv_allocation(s, pipeline, prompt_ids):
 REGISTRY: dict[str, FromStart] = {
     "attention": FromStart("attention", "a float64 softmax of the same inputs, from the start, in a new process",
                            ("harness/engine/attn/",), _attention),
-    # broader than the attention: everything the KV allocation rung stands in for, the memory's construction too
+    # a wrong width raises where it is used (the pools, the graph's buffers sized by it), not in verify_width:
+    # the engine's build is reached too
+    "tree build": FromStart("tree build", "the verify width budget + 1, from the start, in a new process",
+                            ("harness/engine/pipeline.py", "harness/engine/loop.py::__init__"), _verify_width),
+    # wrong prefill metadata raises where the prefill's forward reads it: the prefill is reached too
+    "verify inputs": FromStart("verify inputs", "the prefill's metadata laid out from the prompts' lengths and "
+                               "slots, from the start, in a new process",
+                               ("harness/engine/ddtree/verify_inputs.py", "harness/engine/loop.py::prefill"),
+                               _prefill_metadata),
+    "graph": FromStart("graph", "the eager forward (no graph runner), from the start, in a new process",
+                       ("harness/engine/graph.py", "harness/engine/serving_graph.py"), _eager),
+    # the broadest (as the in-process rung, after the commit's): all the KV allocation rung stands in for, and the
+    # memory's construction (the engine's constructor, the pool's sizing)
     "KV allocation": FromStart("KV allocation", "a KV pool, a strict token-slot allocator and a req_to_token table "
                                "of its own, sized from the settings and the prompts (every row on a fresh slot, the "
                                "cache rebuilt from the token ids after each round), from the start, in a new process",
@@ -75,6 +124,21 @@ REGISTRY: dict[str, FromStart] = {
                                 "harness/engine/ddtree/commit.py", "harness/engine/ddtree/commit_paged.py"),
                                _kv_allocation),
 }
+
+
+def engine_frames(e: BaseException) -> list[tuple[str, str]]:
+    """(project path, function) of every frame of e's traceback (and its cause's) in the engine under test's code
+    or the schema it shares, outermost first."""
+    from harness.check.crash import project_path
+    out, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        for frame in traceback.extract_tb(e.__traceback__):
+            rel = project_path(frame.filename)
+            if rel is not None and rel.startswith(_ENGINE_CODE):
+                out.append((rel, frame.name))
+        e = e.__cause__
+    return out
 
 
 def ladder(frames: list[tuple[str, str]], refusal: str | None) -> list[str]:
@@ -89,7 +153,8 @@ def described(key: str) -> tuple[str, str]:
     if key.startswith(REFUSAL_PREFIX):
         from harness.check.refusal import refusal_stage
         module, _, cls = key[len(REFUSAL_PREFIX):].partition(":")
-        return refusal_stage(module), f"the run with {cls}'s validator skipped, from the start, in a new process"
+        return refusal_stage(module), (f"the same run without {cls}'s validator (its refusal then proven false), "
+                                       "from the start, in a new process")
     fs = REGISTRY[key]
     return fs.stage, fs.replaced_by
 

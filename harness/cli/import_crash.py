@@ -66,7 +66,11 @@ def crashed_while_importing(e: BaseException, argv: list[str] | None = None) -> 
     argv = sys.argv[1:] if argv is None else argv
     crash = attribute(e)
     path = out_path(argv)
-    written = path is not None and write_records(path, records(crash, "ddcheck " + " ".join(argv)))
+    rows = records(crash, "ddcheck " + " ".join(argv))
+    if path is not None:   # the same run again with a stage replaced from the start, in new processes
+        from harness.cli.reruns import prove_crash_summary
+        prove_crash_summary(rows[-1], e, argv)
+    written = path is not None and write_records(path, rows)
     where = f" (records: {path})" if written else ""
     if crash.side == "ddcheck":
         line = (f"ddcheck: internal error (a bug in ddcheck, not a verdict on the engine): {crash.error} at "

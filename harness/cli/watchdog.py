@@ -80,32 +80,12 @@ def died(number: int, dump: str, argv: list[str]):
     sys.exit(EXITS[crash.side])
 
 
-# harness/engine/attn/exact.py REPLACE_STAGE_ENV (this parent imports nothing heavy)
-REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"
-_OUTPUTS = ("--out", "--html")
-
-
 def replaced_rerun(argv: list[str]) -> dict | None:
     """A `run` a kernel killed, run again in a new process with its attention replaced by a float64 softmax
     from the start (the crash rung of harness/check/localize/stage_swap.py; nothing else changed): its
-    summary, or None (another command, already a rerun, or it left no summary)."""
-    if argv[:1] != ["run"] or os.environ.get(REPLACE_STAGE_ENV):
-        return None
-    kept, skip = [], False
-    for a in argv:   # its outputs go elsewhere: the killed run's records are the ones written
-        if skip or a in _OUTPUTS:
-            skip = not skip and a in _OUTPUTS
-            continue
-        if not a.startswith(tuple(o + "=" for o in _OUTPUTS)):
-            kept.append(a)
-    with tempfile.TemporaryDirectory(prefix="ddcheck-replaced-") as d:
-        out = Path(d) / "replaced.jsonl"
-        subprocess.call([sys.executable, "-m", "harness", *kept, "--out", str(out)],
-                        env={**os.environ, REPLACE_STAGE_ENV: "attention"}, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
-        import json
-        rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
-    return next((r for r in reversed(rows) if r.get("kind") == "summary"), None)
+    summary, or None (another command, already a rerun, or it left no summary). harness/cli/reruns.py."""
+    from harness.cli.reruns import replaced_rerun as rerun
+    return rerun(argv, "attention")
 
 
 def add_proof(summary: dict, rerun: dict | None) -> None:

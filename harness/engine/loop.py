@@ -184,7 +184,7 @@ class Engine:
                         else [self.pool.allocator.alloc(sum(lens))]).to(self.s.device)
         ids = torch.tensor([t for r in self.requests for t in r.prompt], device=self.s.device)
         pos = torch.cat([torch.arange(n) for n in lens]).to(self.s.device)
-        meta = prefill_metadata(lens, loc).to(self.s.device)
+        meta = self._pipeline.prefill_metadata(lens, loc).to(self.s.device)
         zeros = torch.zeros(len(lens), dtype=torch.int64, device=self.s.device)
         batch = ServerBatch("extend", ids, pos, torch.tensor([r.req_pool_idx for r in self.requests],
                                                              device=self.s.device), zeros, tuple(lens), loc)

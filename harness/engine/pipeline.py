@@ -16,6 +16,7 @@ from harness.engine.ddtree.commit_paged import commit_paged
 from harness.engine.ddtree.mask import flat_custom_mask
 from harness.engine.ddtree.tree import build_tree
 from harness.engine.ddtree.verify_inputs import build_verify_batch
+from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.ddtree.verify_slots import place_batch
 from harness.engine.ddtree.window import fold_window
 
@@ -59,3 +60,5 @@ class Pipeline:
     kv_head_layout: Optional[Callable] = None
     # the model's own stages (MLA's latent RoPE position and slot, the MoE's dispatch): harness/engine/model/stages.py
     model_stages: ModelStages = ModelStages()
+    # the prefill's metadata, (prompt lens, out_cache_loc [sum lens]) -> AttnMetadata: a causal extend of whole prompts
+    prefill_metadata: Callable = prefill_metadata

@@ -129,10 +129,11 @@ def test_a_build_whose_memory_is_broken_runs_with_the_replacement_and_matches_th
 
 
 @pytest.mark.parametrize("frames, keys", [
-    ([("harness/engine/mem/pool.py", "__init__"), ("harness/engine/loop.py", "__init__")], ["KV allocation"]),
-    ([("harness/engine/loop.py", "__init__")], ["KV allocation"]),
+    ([("harness/engine/mem/pool.py", "__init__"), ("harness/engine/loop.py", "__init__")],
+     ["tree build", "KV allocation"]),   # the verify width first: it sizes the pools too
+    ([("harness/engine/mem/pool.py", "alloc")], ["KV allocation"]),
     ([("harness/engine/mem/paged.py", "pool_slots")], ["KV allocation"]),
-    ([("harness/engine/loop.py", "prefill")], []),
+    ([("harness/engine/loop.py", "prefill")], ["verify inputs"]),
     ([("harness/engine/attn/torch_backend.py", "forward"), ("harness/engine/mem/pool.py", "set_kv")],
      ["attention", "KV allocation"]),
 ])

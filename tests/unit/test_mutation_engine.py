@@ -87,10 +87,13 @@ def test_every_truth_stage_is_one_of_the_issues_and_every_module_exists():
     for path in TRUTH.modules:
         assert (ROOT / path).is_file(), path
     localizer_words = {"tree build", "mask", "verify inputs", "graph", "attention", "model", "accept", "commit", "load",
-                       "KV allocation"}
+                       "KV allocation", "shared schema"}
     assert {w for words in TRUTH.stages.values() for w in words} <= localizer_words
     from harness.check.localize.wrong import STAGE_WORDS
-    assert localizer_words == set(STAGE_WORDS.values()) | {"load"}
+    from harness.check.refusal import refusal_stage
+    # "shared schema": named only by a validator's refusal proven false (harness/check/refusal.py)
+    assert refusal_stage("ddschema.config") == "shared schema"
+    assert localizer_words == set(STAGE_WORDS.values()) | {"load", "shared schema"}
 
 
 def test_truth_by_module_and_function():

@@ -39,6 +39,39 @@ def test_a_diff_for_another_revision_is_refused_never_misapplied():
         apply_unified_diff(BEFORE, "not a diff\n")
 
 
+def test_a_diff_whose_lines_moved_is_reanchored_where_they_stand_once_and_refused_elsewhere():
+    diff = unified_diff("m.py", BEFORE, BEFORE.replace("line 10\n", "line ten\n"))
+    moved = "header\nheader\n" + BEFORE.replace("line 2\n", "")   # lines added above, one taken away
+    assert apply_unified_diff(moved, diff, reanchor=True) == moved.replace("line 10\n", "line ten\n")
+    with pytest.raises(ValueError, match="expects"):
+        apply_unified_diff(moved, diff)   # exact unless asked
+    with pytest.raises(ValueError, match="nowhere"):   # the context itself changed
+        apply_unified_diff(moved.replace("line 9\n", "line nine\n"), diff, reanchor=True)
+    twice = BEFORE + BEFORE
+    with pytest.raises(ValueError, match="2 times"):
+        apply_unified_diff("x\n" + twice, unified_diff("m.py", BEFORE, BEFORE.replace("line 10\n", "ten\n")),
+                           reanchor=True)
+
+
+def test_an_export_of_a_changed_module_is_judged_reanchored_or_left_out(tmp_path):
+    m = _mask_mutant()
+    src = (ROOT / MASK).read_text()
+    tree = tmp_path / "tree"
+    (tree / MASK).parent.mkdir(parents=True)
+    (tree / MASK).write_text('"""moved down"""\n' + src)
+    path = tmp_path / "mutants.json"
+    write_export(path, {"tree": "abc"}, [m], {MASK: sha256(src)})
+    with pytest.raises(SystemExit, match="--reanchor"):
+        read_export(path, tree)
+    meta, (back,) = read_export(path, tree, reanchor=True)
+    assert back.reanchor and meta["reanchored"] == 1 and meta["not_reanchored"] == [] and meta["changed_modules"] == [MASK]
+    back.apply(tree)
+    assert "vis[i, i] = False" in (tree / MASK).read_text() and (tree / MASK).read_text().startswith('"""moved')
+    (tree / MASK).write_text(src.replace("vis[i, i] = True", "vis[i, i] = bool(1)"))   # the mutated line itself changed
+    meta, kept = read_export(path, tree, reanchor=True)
+    assert kept == [] and meta["not_reanchored"] == [m.mutant.key]
+
+
 def _mask_mutant() -> ExportedMutant:
     """A real row no longer sees itself (`vis[i, i] = True` -> False in tree_visibility), as cosmic-ray's
     ReplaceTrueWithFalse writes it."""

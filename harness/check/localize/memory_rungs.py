@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.check.prefill_layout import independent_prefill_metadata
 from harness.engine.attn.exact import ExactAttention
 from harness.engine.attn.torch_backend import TorchBackend
-from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.mem.allocator import PADDING_SLOT
 from harness.engine.mem.provenance import poison_slots
 from harness.engine.round_stages import PlacedRows
@@ -142,7 +142,8 @@ def round_slots(engine, rows: PlacedRows) -> torch.Tensor:
 def rebuild_committed(engine) -> None:
     """Each live request's cache from its ids: its slots freed, n fresh ones taken, K/V of positions 0..n-1
     written by a causal forward over its committed tokens whose attention is a float64 softmax (not the
-    backend under test), req_to_token and seq_len set."""
+    backend under test) and whose metadata is laid out independently (not the engine's prefill metadata:
+    harness/check/prefill_layout.py), req_to_token and seq_len set."""
     live = [r for r in engine.requests if not r.finished]
     r2t, owned = engine.req_pool.req_to_token, engine.pool.allocator.owned
     for r in live:
@@ -156,7 +157,7 @@ def rebuild_committed(engine) -> None:
         n = len(ids)
         loc = engine.pool.allocator.alloc(n).to(engine.s.device)                      # [n]
         engine.model.forward(torch.tensor(ids, device=engine.s.device), torch.arange(n, device=engine.s.device),
-                             prefill_metadata([n], loc).to(engine.s.device), engine.pool, plain)
+                             independent_prefill_metadata([n], loc).to(engine.s.device), engine.pool, plain)
         r2t[r.req_pool_idx, :n] = loc
         r.seq_len = n
 

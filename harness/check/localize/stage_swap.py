@@ -31,6 +31,7 @@ it matches the oracle, the replaced stage is the one that crashed.
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -41,6 +42,8 @@ from harness.check.localize.crash_rungs import accept_rung, model_rung
 from harness.check.localize.memory_rungs import (rebuild_committed, rebuilt_commit_throughout,
                                                  strict_allocation_throughout)
 from harness.check.localize.memory_start import derived_with_own_memory
+from harness.check.prefill_layout import independent_prefill_metadata
+from harness.check.refusal import refusal_stage, validator_skipped
 from harness.engine.attn.exact import ArmedAttention
 from harness.engine.attn.base import serving_of
 from harness.engine.ddtree.tree import DraftTree
@@ -100,19 +103,22 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
     return _climb(p, step, before, rungs)
 
 
-def prove_crash(p, step: int) -> list[Replacement]:
+def prove_crash(p, step: int, refusal: str | None = None) -> list[Replacement]:
     """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
     verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
     replay -> eager (graph runs only), the acceptance -> the oracle's walk over the engine's argmax, the commit ->
     each round's rows freed and every live request's cache rebuilt from its token ids, KV allocation -> the
     allocator and the row placement (memory_rungs.py), the model's forward -> the oracle's (crash_rungs.py). A
-    crash upstream of the replaced stage crashes the replaced run too. At any page size."""
+    crash upstream of the replaced stage crashes the replaced run too. At any page size. Last, where the crash was
+    a validator's refusal (`refusal`: "module:Class", harness/check/refusal.py), the same run without that
+    validator: a stage that handed it a wrong value had its rung above."""
     if not _replaceable(p, any_page_size=True):
         return []
     rungs = [("tree build", "the oracle's best-first build from the same drafts, budget + 1 wide", _oracle_tree, None),
              ("mask", "masks from each tree's ancestors", None, _independent_mask_throughout),
-             ("verify inputs", "batches laid out from the trees and token ids", None,
+             ("verify inputs", "the prefill's metadata from the prompts' lengths and slots, batches laid out from the "
+              "trees and token ids", None,
               _independent_verify_inputs_throughout)]
     rungs.append(("attention", "a float64 softmax of the same inputs", None, _exact_attention_throughout))
     if p.settings.cuda_graph:   # after the attention, as for a divergent step
@@ -122,16 +128,26 @@ def prove_crash(p, step: int) -> list[Replacement]:
     rungs.append(("KV allocation", "a KV pool, a strict token-slot allocator and a req_to_token table of its own, "
                   "sized from the settings and the prompts (every row on a fresh slot, the cache rebuilt from the "
                   "token ids after each round)", derived_with_own_memory, strict_allocation_throughout))
-    rungs.append(model_rung())    # last: the widest replacement (crash_rungs.py says why)
+    rungs.append(model_rung())    # the widest replacement (crash_rungs.py says why)
+    if refusal is not None:
+        rungs.append(refusal_rung(refusal))
     return _climb(p, step, None, rungs, to_end=True)
+
+
+def refusal_rung(spec: str) -> tuple:
+    """The run without the validator of class `spec` ("module:Class"), put back after (harness/check/refusal.py)."""
+    module, _, cls = spec.partition(":")
+    return (refusal_stage(module), f"the same run without {cls}'s validator (its refusal then proven false)", None,
+            None, lambda: validator_skipped(spec))
 
 
 def _climb(p, step: int, before: float | None, rungs: list, to_end: bool = False) -> list[Replacement]:
     """Each rung (stage, what replaced it, base run, swap) in turn, up to the first whose replaced step is
     correct; before: the step's error as run (None: it crashed); to_end: as _judged_step's."""
     out = []
-    for stage, what, base, swap in rungs:
-        after, note, judged_at = _judged_step(p, step, swap, base, to_end)
+    for stage, what, base, swap, *around in rungs:   # around: a context the replaced run runs in
+        with around[0]() if around else nullcontext():
+            after, note, judged_at = _judged_step(p, step, swap, base, to_end)
         out.append(Replacement(stage, what, step, before, after, after is not None and after <= 1.0, note,
                                None if judged_at == step else judged_at))
         if out[-1].correct:
@@ -258,8 +274,10 @@ def _independent_mask_throughout(q, step: int):
 
 
 def _independent_verify_inputs_throughout(q, step: int):
+    """Every round's verify batch, and the prefill's metadata before them, laid out independently (the prefill's
+    from the prompts' lengths and slots: harness/check/prefill_layout.py)."""
     def install(engine) -> None:
-        engine.pipeline = replace(engine.pipeline,
+        engine.pipeline = replace(engine.pipeline, prefill_metadata=independent_prefill_metadata,
                                   build_verify_batch=lambda *args: independent_batch(engine, *args))
     return install
 
