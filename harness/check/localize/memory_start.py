@@ -110,9 +110,9 @@ class OwnRequestTable:
         self._free.append(idx)
 
 
-def replacements(s, prompt_ids: list[list[int]]) -> dict:
-    """The three names' stand-ins, with the engine's call signatures, each ignoring the sizes it is passed."""
-    sizes = memory_sizes(s, prompt_ids)
+def replacements(s, sizes: MemorySizes) -> dict:
+    """The three names' stand-ins for settings `s`, with the engine's call signatures, each ignoring the sizes it
+    is passed: `sizes` are the replacement's own."""
 
     def pool_slots(num_requests: int, max_context: int, q_len: int, page_size: int) -> int:
         return sizes.slots
@@ -130,12 +130,13 @@ def replacements(s, prompt_ids: list[list[int]]) -> dict:
 def own_kv_memory(s, prompt_ids: list[list[int]]) -> Iterator[MemorySizes]:
     """While inside, an Engine built (harness/engine/loop.py) gets this module's memory, sized for settings `s`
     and these prompts; the engine's own names are back after, whatever raised."""
-    stand_ins = replacements(s, prompt_ids)
+    sizes = memory_sizes(s, prompt_ids)
+    stand_ins = replacements(s, sizes)
     own = {name: getattr(loop, name) for name in SWAPPED}
     for name in SWAPPED:
         setattr(loop, name, stand_ins[name])
     try:
-        yield memory_sizes(s, prompt_ids)
+        yield sizes
     finally:
         for name, value in own.items():
             setattr(loop, name, value)
@@ -147,7 +148,8 @@ _PROCESS = ExitStack()
 
 def enter_for_process(s, prompt_ids: list[list[int]]) -> MemorySizes:
     """own_kv_memory for the rest of this process: every engine built after it gets this memory, sized for `s`
-    and these prompts (a localizer's rerun of the same run in that process too)."""
+    and these prompts (a localizer's rerun of the same run in that process too, without the rung's hooks: those
+    are the caller's to install on the engine it builds)."""
     return _PROCESS.enter_context(own_kv_memory(s, prompt_ids))
 
 
