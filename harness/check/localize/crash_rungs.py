@@ -1,4 +1,4 @@
-"""Two crash rungs of stage_swap.prove_crash (issue 21), each replacing a stage from the start of the run:
+"""Three crash rungs of stage_swap.prove_crash (issue 21), each replacing a stage from the start of the run:
 
   accept   every request's acceptance by the oracle's own greedy walk (reference/accept.py, through the
            oracle's `acceptance`) over that request's own rows of the engine's argmax, and the acceptor
@@ -11,6 +11,9 @@
            writes and reads: a raise of the model's own code (crash.CRASH_STAGES' "model", llama.py) is set
            aside, any other raise stands, and a replaced run in which the model's code never raised proves
            nothing (the rung claims only that the model's own code is what raised)
+  KV allocation  the engine built with a KV memory of the rung's own (memory_start.py: its pool, ledger and
+           req_to_token table sized from the settings and the prompts), then the allocator, the row placement and
+           the commit replaced (memory_rungs.strict_allocation_throughout)
 
 Why the model rung is last, after the commit: it replaces the widest thing (every forward, so every attention
 call and every K/V the forward would have used), so each narrower rung gets its chance first; and the stages
@@ -28,6 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from harness.check.crash import attribute, crash_stage
+from harness.check.localize.memory_rungs import strict_allocation_throughout
+from harness.check.localize.memory_start import own_kv_memory
 from harness.engine.ddtree.tree import DraftTree
 
 ACCEPT_REPLACED_BY = ("the oracle's greedy walk over each request's own rows of the engine's argmax, from the start "
@@ -79,6 +84,25 @@ def _walked_acceptance_throughout(q, step: int):
         engine.accept_request = accept_request
         engine.cross_accept = None
     return install
+
+
+# -- KV allocation -------------------------------------------------------------------------------------------------
+
+KV_ALLOCATION_REPLACED_BY = ("a KV pool, a strict token-slot allocator and a req_to_token table of its own, sized from "
+                             "the settings and the prompts (every row on a fresh slot, the cache rebuilt from the "
+                             "token ids after each round)")
+
+
+def kv_allocation_rung() -> tuple:
+    return ("KV allocation", KV_ALLOCATION_REPLACED_BY, derived_with_own_memory, strict_allocation_throughout)
+
+
+def derived_with_own_memory(p):
+    """A fresh engine of p's run (prepare.derive) built with memory_start's memory: the KV allocation rung's run,
+    strict_allocation_throughout installed on it after."""
+    from harness.check.prepare import derive
+    with own_kv_memory(p.settings, p.prompt_ids):
+        return derive(p)
 
 
 # -- the model -----------------------------------------------------------------------------------------------------

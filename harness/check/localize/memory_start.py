@@ -6,9 +6,10 @@ too large, an allocator refusing the page size, a request table with no free row
 dry at a step: once built, the run goes on as the KV allocation rung runs it (memory_rungs.py
 strict_allocation_throughout: every row on a fresh slot, the commit replaced, the cache rebuilt after each round).
 
-Used twice: in-process by the KV allocation crash rung (stage_swap.prove_crash derives its engine under
+Used twice: in-process by the KV allocation crash rung (crash_rungs.kv_allocation_rung: its run derived under
 own_kv_memory), and in a rerun's new process by the "KV allocation" from-start replacement
-(harness/check/from_start.py: enter_for_process, for the rest of that dedicated process).
+(harness/check/from_start.py: enter_for_process, for the rest of that dedicated process). Imports nothing of
+prepare.py: from_start.py, which prepare.py imports, imports this module.
 
 Why through loop.py's names: Engine.__init__ builds its memory itself, in lines a mutation sample is anchored on
 (harness/engine/loop.py: pool_slots, KVPool, ReqToTokenPool called in the constructor); no seam hands it other
@@ -152,10 +153,3 @@ def enter_for_process(s, prompt_ids: list[list[int]]) -> MemorySizes:
     are the caller's to install on the engine it builds)."""
     return _PROCESS.enter_context(own_kv_memory(s, prompt_ids))
 
-
-def derived_with_own_memory(p):
-    """A fresh engine of p's run (prepare.derive) built with this memory: the KV allocation crash rung's base run
-    (stage_swap.prove_crash; strict_allocation_throughout is installed on it after)."""
-    from harness.check.prepare import derive
-    with own_kv_memory(p.settings, p.prompt_ids):
-        return derive(p)

@@ -38,10 +38,8 @@ from typing import Callable
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block
-from harness.check.localize.crash_rungs import accept_rung, model_rung
-from harness.check.localize.memory_rungs import (rebuild_committed, rebuilt_commit_throughout,
-                                                 strict_allocation_throughout)
-from harness.check.localize.memory_start import derived_with_own_memory
+from harness.check.localize.crash_rungs import accept_rung, kv_allocation_rung, model_rung
+from harness.check.localize.memory_rungs import rebuild_committed, rebuilt_commit_throughout
 from harness.check.prefill_layout import independent_prefill_metadata
 from harness.check.refusal import refusal_stage, validator_skipped
 from harness.engine.attn.exact import ArmedAttention
@@ -125,9 +123,7 @@ def prove_crash(p, step: int, refusal: str | None = None) -> list[Replacement]:
         rungs.append(("graph", "the eager forward", _eager, None))
     rungs.append(accept_rung())   # before the commit: a bad acceptance the commit raises on is the acceptance's
     rungs.append(("commit", "the cache rebuilt from the token ids after each round", None, _rebuilt_commit_throughout))
-    rungs.append(("KV allocation", "a KV pool, a strict token-slot allocator and a req_to_token table of its own, "
-                  "sized from the settings and the prompts (every row on a fresh slot, the cache rebuilt from the "
-                  "token ids after each round)", derived_with_own_memory, strict_allocation_throughout))
+    rungs.append(kv_allocation_rung())   # its own memory from the engine's construction (memory_start.py)
     rungs.append(model_rung())    # the widest replacement (crash_rungs.py says why)
     if refusal is not None:
         rungs.append(refusal_rung(refusal))
