@@ -34,7 +34,7 @@ from harness.check.localize.memory_rungs import SlotLedgerError, StrictSlots, po
 from harness.engine.mem.latent import kv_buffers
 from harness.engine.mem.provenance import SlotProvenance, poison_slots
 
-# positions of room past the longest request's need: a request's last round may take its whole verify width
+# slack positions past a request's greatest need (its prompt, max_new_tokens, one round's accepted rows)
 MARGIN = 16
 # the names Engine.__init__ looks its memory up by, in harness/engine/loop.py
 SWAPPED = ("pool_slots", "KVPool", "ReqToTokenPool")
