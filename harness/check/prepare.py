@@ -191,9 +191,6 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
     if s.dtype == "float32" and s.device.startswith("cuda"):   # exact float32 unless TF32 is asked for
         from harness.engine.attn.sglang_triton import float32_dots
         float32_dots(s.tf32)
-    if backend is None:
-        with timed_phase(phases, "backend"):
-            backend = make_backend(s.backend, s.device, s.torch_dtype)
     fresh, built = pipeline is None, None
     if fresh:
         pipeline, port = attach_port(s, apply_fault(s.fault, s, cfg.vocab_size), cfg.vocab_size)
@@ -203,6 +200,9 @@ def build(s: RunSettings, loaded: Loaded, prompts: tuple[PromptSpec, ...] | None
         # a rerun with one stage replaced from the start: the proof of a crash that left no engine (from_start.py);
         # built(engine), where not None, finishes the replacement once the engine is built
         s, pipeline, built = replaced_from_env(s, pipeline, ids)
+    if backend is None:   # after the replacement: one of the attention backend is made without it
+        with timed_phase(phases, "backend"):
+            backend = make_backend(s.backend, s.device, s.torch_dtype)
     check_capturable(s, backend)
     for spec, toks in zip(specs, ids):
         if any(t >= cfg.vocab_size for t in toks):   # bad input, not an engine crash

@@ -9,6 +9,7 @@ from harness.check.refusal import REPLACE_STAGE_ENV
 from harness.cli.reruns import prove_by_reruns, without_outputs
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.pipeline import Pipeline
+from harness.engine.settings import RunSettings
 
 
 def _noop(s, pipeline, prompt_ids):
@@ -44,8 +45,9 @@ def test_the_environment_names_the_replacement(monkeypatch):
     monkeypatch.delenv(REPLACE_STAGE_ENV, raising=False)
     assert replaced_from_env("s", p, [[1]]) == ("s", p, None)
     monkeypatch.setenv(REPLACE_STAGE_ENV, "attention")
-    s, q, built = replaced_from_env("s", p, [[1]])
-    assert s == "s" and q.attention is not None and p.attention is None and built is None
+    s, q, built = replaced_from_env(RunSettings(budget=8, topk=2, backend="sglang-triton"), p, [[1]])
+    assert q.attention is not None and p.attention is None and built is None
+    assert s.backend == "torch"   # the backend under test is not even made: its attention is float64 throughout
     monkeypatch.setenv(REPLACE_STAGE_ENV, "refusal:ddschema.config:MlaConfig")   # applied at start-up instead
     assert replaced_from_env("s", p, [[1]]) == ("s", p, None)
     monkeypatch.setenv(REPLACE_STAGE_ENV, "no such stage")

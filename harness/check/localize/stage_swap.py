@@ -21,12 +21,17 @@ step correct is the cause.
 A crash of the engine under test has its own rungs, each replacing a stage
 from the start of the run: the tree by the oracle's own best-first build
 from the same drafts, the mask by masks from each tree's ancestors, the
-verify inputs by batches laid out from the trees and token ids (as above),
+verify inputs by batches laid out from the trees and token ids (as above)
+and the prefill's metadata by one laid out from the prompts' lengths and slots,
 the graph replay by the eager forward (graph runs only), the attention kernel
 by the float64 attention, the acceptance by the oracle's walk, the commit by
 the cache rebuilt from the ids after each round, the model's forward by the
-oracle's (crash_rungs.py); when the replaced run reaches the crashed step and
-it matches the oracle, the replaced stage is the one that crashed.
+oracle's (crash_rungs.py), and where the engine raised inside a validator,
+the run without that validator (harness/check/refusal.py); when the replaced
+run reaches the crashed step and it matches the oracle, the replaced stage is
+the one that crashed. A crash before there is an engine (at its import or
+construction) is proven by the same run again in new processes, one stage
+replaced from the start each (harness/check/from_start.py).
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
@@ -53,7 +58,7 @@ class Replacement:
     """One rung: which stage's output was replaced, by what, and the step's error before and after, as the
     largest error over its real rows relative to the bound it was judged at (> 1: a divergent row)."""
 
-    stage: str                 # wrong.STAGE_WORDS' words: commit, verify inputs, attention, graph
+    stage: str                 # wrong.STAGE_WORDS' words (a refusal's validator: refusal.py's, "shared schema")
     replaced_by: str           # what stood in for its output
     step: int
     error_before: float | None   # None: the step crashed
@@ -104,7 +109,8 @@ def prove_divergent_step(p, step: int) -> list[Replacement]:
 def prove_crash(p, step: int, refusal: str | None = None) -> list[Replacement]:
     """The crash rungs, each from the start of the run: the tree stage -> the oracle's own best-first build from
     the same drafts (reference/tree.py), the mask stage -> masks from each tree's ancestors, the
-    verify-inputs stage -> batches laid out from the trees and token ids, attention kernel -> float64, graph
+    verify-inputs stage -> batches laid out from the trees and token ids (the prefill's metadata from the prompts'
+    lengths and slots), attention kernel -> float64, graph
     replay -> eager (graph runs only), the acceptance -> the oracle's walk over the engine's argmax, the commit ->
     each round's rows freed and every live request's cache rebuilt from its token ids, KV allocation -> the
     allocator and the row placement (memory_rungs.py), the model's forward -> the oracle's (crash_rungs.py). A
