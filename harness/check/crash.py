@@ -28,12 +28,11 @@ from __future__ import annotations
 import traceback
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
+from harness.check.project import ROOT, project_path  # noqa: F401  (ROOT: read by callers as crash.ROOT)
 from harness.check.refusal import refused_by
 from harness.ports.loading import PORT_MODULE_PREFIX
 
-ROOT = Path(__file__).resolve().parents[2]  # the project: harness/, reference/, ddschema/
 
 ENGINE_PACKAGES = {"engine", "ports", "faults"}
 # files inside the engine's folders that are ddcheck's instruments, not the engine
@@ -181,14 +180,6 @@ def installed_sglang() -> str:
         return version("sglang")
     except PackageNotFoundError:
         return "not installed"
-
-
-def project_path(filename: str) -> str | None:
-    """The path relative to the project root, or None outside it."""
-    try:
-        return Path(filename).resolve().relative_to(ROOT).as_posix()
-    except (ValueError, OSError):
-        return None
 
 
 def side_of(filename: str) -> str | None:

@@ -20,13 +20,13 @@ import os
 import sys
 import traceback
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
+
+from harness.check.project import project_path
 
 REFUSAL_PREFIX = "refusal:"
 REPLACE_STAGE_ENV = "DDCHECK_REPLACE_STAGE"   # as harness/engine/attn/exact.py names it
 VALIDATOR = "__post_init__"
-ROOT = Path(__file__).resolve().parents[2]
 # the code whose validators a refusal may skip: the engine under test and the schema it shares
 _OWNERS = ("ddschema/", "harness/engine/", "harness/ports/", "harness/faults/")
 # a validator's module -> the stage word its refusal names (the first prefix that matches)
@@ -37,18 +37,11 @@ _STAGES = (("ddschema/", "shared schema"), ("harness/engine/ddtree/tree.py", "tr
            ("harness/engine/ddtree/commit", "commit"), ("harness/engine/ddtree/mask.py", "mask"))
 
 
-def _project_path(filename: str) -> str | None:
-    try:
-        return Path(filename).resolve().relative_to(ROOT).as_posix()
-    except (ValueError, OSError):
-        return None
-
-
 def refused_by(e: BaseException) -> str | None:
     """"module:Class" of the validator the exception was raised in (the innermost `__post_init__` frame of the
     engine's or the schema's code, its `self` the instance being checked), or None: not a refusal."""
     for frame, _ in reversed(list(traceback.walk_tb(e.__traceback__))):
-        rel = _project_path(frame.f_code.co_filename)
+        rel = project_path(frame.f_code.co_filename)
         if rel is None or not rel.startswith(_OWNERS) or frame.f_code.co_name != VALIDATOR:
             continue
         cls = type(frame.f_locals.get("self"))
