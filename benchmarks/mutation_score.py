@@ -35,7 +35,8 @@ SETTINGS = {   # small on purpose: a few budgets/topk, torch, plus SGLang's kern
 # the corpus names stages by the pipeline's fields; the localizer in the domain's words (harness/check/localize/explain.py)
 STAGE_WORDS = {"build_tree": "tree build", "build_verify_batch": "verify inputs", "build_mask": "mask",
                "attention": "attention", "accept": "accept", "commit": "commit", "graph": "graph",
-               "load": "load", "model": "model", "schema": "shared schema"}
+               "load": "load", "model": "model", "schema": "shared schema",
+               "allocation": "KV allocation"}
 QUANTITY_WORDS = {"kv_cache": "cached K/V", "custom_mask": "mask", "visibility": "mask", "accepted_rows": "accept",
                   "free_slots": "freed slot"}
 

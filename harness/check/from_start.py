@@ -2,7 +2,7 @@
 engine to rerun in-process (one raised while the engine under test was imported or built, or a kernel that
 killed its process). The crashed command runs again with DDCHECK_REPLACE_STAGE naming one replacement; when
 that rerun ends without a crash and matches the oracle, the replaced stage is proven the one that crashed
-(harness/cli/reruns.py climbs the ladder, harness/check/crash.py prove_from_start writes the proof).
+(harness/workflows/reruns.py climbs the ladder, harness/check/crash.py prove_from_start writes the proof).
 
 A replacement is tried only where it can change the crash: its `reach` (the code it stands in for) holds a frame
 of the crash's traceback. Choosing what to try by where the crash is proves nothing by itself; the rerun does.

@@ -68,7 +68,7 @@ def crashed_while_importing(e: BaseException, argv: list[str] | None = None) -> 
     path = out_path(argv)
     rows = records(crash, "ddcheck " + " ".join(argv))
     if path is not None:   # the same run again with a stage replaced from the start, in new processes
-        from harness.cli.reruns import prove_crash_summary
+        from harness.workflows.reruns import prove_crash_summary
         prove_crash_summary(rows[-1], e, argv)
     written = path is not None and write_records(path, rows)
     where = f" (records: {path})" if written else ""

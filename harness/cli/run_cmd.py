@@ -180,19 +180,6 @@ def run_claimed(s: RunSettings, impl: list[str] | None, claim: OutputClaim, path
     raise typer.Exit(exit_code(summary))
 
 
-def prove_written_summary(writer: RecordWriter, e: Exception) -> None:
-    """The crash summary just written, with the proof of reruns in new processes where the engine under test raised
-    before there was an engine to rerun in-process (harness/cli/reruns.py)."""
-    import json
-    from harness.cli.reruns import prove_crash_summary
-    at = max((i for i, ln in enumerate(writer.lines) if '"kind": "summary"' in ln), default=None)
-    if at is None:
-        return
-    row = json.loads(writer.lines[at])
-    prove_crash_summary(row, e)
-    writer.lines[at] = json.dumps(row)
-
-
 def skipped(s: RunSettings, path: Path, e: Exception) -> NoReturn:
     """A setting the port cannot run: a summary saying why, exit 0 (not a pass, not a failure)."""
     from harness.check.summary import CheckSummary, summary_record
@@ -256,6 +243,8 @@ def crashed(s: RunSettings, writer: RecordWriter, e: Exception) -> NoReturn:
     naming the side, a failing summary; exit by its verdict."""
     from harness.check.differential import write_crash_summary
     summary = write_crash_summary(s, writer, e)
+    # before any verify step, no engine to rerun in-process: the same run again in new processes, a stage replaced
+    from harness.workflows.reruns import prove_written_summary
     prove_written_summary(writer, e)
     writer.commit()
     typer.echo(crash_line(summary.crash, summary, writer.path), err=True)

@@ -83,8 +83,8 @@ def died(number: int, dump: str, argv: list[str]):
 def replaced_rerun(argv: list[str]) -> dict | None:
     """A `run` a kernel killed, run again in a new process with its attention replaced by a float64 softmax
     from the start (the crash rung of harness/check/localize/stage_swap.py; nothing else changed): its
-    summary, or None (another command, already a rerun, or it left no summary). harness/cli/reruns.py."""
-    from harness.cli.reruns import replaced_rerun as rerun
+    summary, or None (another command, already a rerun, or it left no summary). harness/workflows/reruns.py."""
+    from harness.workflows.reruns import replaced_rerun as rerun
     return rerun(argv, "attention")
 
 

@@ -157,6 +157,9 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     except Exception as e:  # noqa: BLE001  (building the engine or loading the oracle raised: attributed)
         prepared = None
         write_crash_summary(s, writer, e)
+        if reproduced_by_its_command(job):   # no engine to rerun in-process: its command again, a stage replaced
+            from harness.workflows.reruns import prove_written_summary, run_argv
+            prove_written_summary(writer, e, run_argv(s.command()))
     if prepared is not None:
         try:
             check(prepared, writer)
@@ -170,6 +173,15 @@ def run_job(job: SettingJob, loads=None) -> SettingResult:
     summary = next((r for r in reversed(records) if r["kind"] == "summary"), {})
     localize = next((r for r in records if r["kind"] == "localize"), None)
     return SettingResult(job.index, s.command(), summary, localize, tuple(writer.lines), time.perf_counter() - t0)
+
+
+def reproduced_by_its_command(job: SettingJob) -> bool:
+    """Whether `ddcheck run` with the setting's command line runs what the job ran: the same prompts."""
+    from harness.check.prompts import prompts_of
+    try:
+        return job.prompts is None or job.prompts == prompts_of(job.settings)
+    except ValueError:   # a case's prompts: the command names the case, not what the job was handed
+        return False
 
 
 def worker_died(job: SettingJob, reasons: tuple[str, ...]) -> SettingResult:

@@ -1,4 +1,4 @@
-"""harness/check/from_start.py and harness/cli/reruns.py: which replacements a crash before the first verify step
+"""harness/check/from_start.py and harness/workflows/reruns.py: which replacements a crash before the first verify step
 is rerun with, and the ladder's proof written into the crashed run's summary."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from harness.check.from_start import REGISTRY, FromStart, engine_frames, ladder, replaced_from_env
 from harness.check.refusal import REPLACE_STAGE_ENV
-from harness.cli.reruns import prove_by_reruns, without_outputs
+from harness.workflows.reruns import prove_by_reruns, without_outputs
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.pipeline import Pipeline
 from harness.engine.settings import RunSettings
@@ -93,3 +93,16 @@ def test_a_rerun_never_reruns(monkeypatch):
     s = _crashed()
     prove_by_reruns(s, ["run"], ["attention"], lambda argv, key: pytest.fail("a rerun reran"))
     assert "replacements" not in s
+
+
+def test_a_settings_rerun_is_its_own_command_and_only_where_that_runs_the_same_prompts():
+    from harness.engine.settings import DEFAULT_PROMPTS, PromptSpec
+    from harness.workflows.reruns import run_argv
+    from harness.workflows.sweep import SettingJob, reproduced_by_its_command
+    s = RunSettings(budget=8, topk=2, backend="torch", page_size=16)
+    argv = run_argv(s.command())
+    assert argv[0] == "run" and argv[argv.index("--page-size") + 1] == "16" and "ddcheck" not in argv
+    assert run_argv("ddcheck gate --jobs 2") == []
+    assert reproduced_by_its_command(SettingJob(0, s, DEFAULT_PROMPTS))
+    assert reproduced_by_its_command(SettingJob(0, s, None))
+    assert not reproduced_by_its_command(SettingJob(0, s, (PromptSpec("other", 7, 0.5),)))

@@ -7,7 +7,10 @@ until one ends without a crash and matches the oracle. That stage is proven and 
 Only the replacements whose code the crash passed through are tried (from_start.ladder): one that stands in for
 none of the crash's frames cannot take the crash away. A rerun never reruns (the variable is already set).
 
-Layer: cli. Imports any layer below it."""
+Used by `run` (harness/cli/run_cmd.py, import_crash.py, the watchdog) and by a sweep's or gate's setting
+(harness/workflows/sweep.py), whose rerun is the setting's own `ddcheck run` command line.
+
+Layer: workflows. Imports report, the check and below; never cli."""
 from __future__ import annotations
 
 import json
@@ -67,6 +70,24 @@ def prove_by_reruns(summary: dict, argv: list[str], keys: list[str], rerun=repla
             return
     summary["explanation"] = (f"{summary.get('explanation')}; by replacement from the start: no replaced stage "
                               f"({', '.join(tried)}) made the run end and match")
+
+
+def prove_written_summary(writer, e: BaseException, argv: list[str] | None = None) -> None:
+    """The crash summary just written to WRITER (a RecordWriter), with the proof of reruns in new processes where
+    the engine under test raised before there was an engine to rerun in-process."""
+    at = max((i for i, ln in enumerate(writer.lines) if '"kind": "summary"' in ln), default=None)
+    if at is None:
+        return
+    row = json.loads(writer.lines[at])
+    prove_crash_summary(row, e, argv)
+    writer.lines[at] = json.dumps(row)
+
+
+def run_argv(command: str) -> list[str]:
+    """A setting's `ddcheck run ...` command (RunSettings.command) as the argv of `python -m harness`."""
+    import shlex
+    words = shlex.split(command)
+    return words[1:] if words[:2] == ["ddcheck", "run"] else []
 
 
 def prove_crash_summary(summary: dict, e: BaseException, argv: list[str] | None = None) -> None:
