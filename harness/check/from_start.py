@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, is_dataclass, replace
 from typing import Callable
 
+from harness.check.project import project_path
 from harness.check.refusal import REFUSAL_PREFIX, REPLACE_STAGE_ENV
 
 
@@ -132,7 +133,6 @@ REGISTRY: dict[str, FromStart] = {
 def engine_frames(e: BaseException) -> list[tuple[str, str]]:
     """(project path, function) of every frame of e's traceback (and its cause's) in the engine under test's code
     or the schema it shares, outermost first."""
-    from harness.check.crash import project_path
     out, seen = [], set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
