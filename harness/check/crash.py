@@ -224,8 +224,12 @@ def attribute(e: BaseException, step: int | None = None, in_step: bool = False) 
     if isinstance(e, SyntaxError) and e.filename:   # the error is in the file being compiled, not in its importer
         frames.append(traceback.FrameSummary(e.filename, e.lineno or 0, "<module>"))
     side, where = "ddcheck", None
+    # an instrument refusing what the engine handed it (mem/provenance.py HandedWrong): its caller's bug
+    handed = getattr(e, "caller_is_at_fault", False)
     for (live, _), frame in zip(reversed(walked), reversed(frames)):
         found = "port" if _is_port_frame(live) else side_of(frame.filename)
+        if handed and found == "ddcheck" and project_path(frame.filename) in DDCHECK_FILES:
+            continue
         if found is not None:
             side, where = found, _shown(frame)
             break

@@ -288,3 +288,22 @@ def test_a_graph_mask_indptr_shorter_than_the_live_mask_is_named_not_an_audit_cr
     summary = json.loads(out.read_text().splitlines()[-1])
     assert not any("(an internal error)" in n for n in summary["notes"]), summary["notes"]
     assert summary["stage"] == "graph" and summary["quantity"] == "mask_indptr", summary["explanation"]
+
+
+@pytest.mark.parametrize("slots", [torch.arange(1.0, 4.0), torch.tensor([2, 99])])
+def test_slots_the_engine_hands_the_kv_canary_wrong_are_the_engines_crash_not_ddchecks(slots):
+    """A pool that frees float slots (`PADDING_SLOT / 1`) or one past its end: the canary (a ddcheck instrument
+    inside the engine's folder) refuses them, and the raise is the engine's, at the pool's code that handed them
+    (it was an IndexError inside the canary: an internal error)."""
+    from harness.check.crash import attribute
+    from harness.engine.mem.pool import KVPool
+    from ddschema import ModelConfig
+    cfg = ModelConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=4)
+    pool = KVPool(cfg, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError) as info:
+        pool._on_free(slots)
+    crash = attribute(info.value)
+    assert crash.side == "engine" and crash.where.startswith("harness/engine/mem/pool.py"), crash
+    pool._on_free(torch.tensor([1, 2]))   # integer slots of the pool: no refusal
+    assert pool.provenance.owner[1] == -1

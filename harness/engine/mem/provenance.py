@@ -18,6 +18,24 @@ from harness.engine.mem.allocator import PADDING_SLOT
 FREE, UNKNOWN, BATCH_PADDING = -1, -2, -3   # owner codes besides a request id
 
 
+class HandedWrong(ValueError):
+    """The engine handed the canary slots that are no slot indices (a float tensor, one past the pool): the
+    engine's bug, not the canary's (harness/check/crash.py attributes it past the canary's own frames)."""
+
+    caller_is_at_fault = True
+
+
+def _index(slots: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """slots  # [n] on the CPU, checked to be indices of the pool's slots."""
+    s = torch.as_tensor(slots).cpu()
+    if s.dtype in (torch.bool, torch.uint8) or s.is_floating_point() or s.is_complex():
+        raise HandedWrong(f"KV slots of dtype {s.dtype} handed to the pool: slot indices are integers")
+    if s.numel() and (int(s.min()) < -num_slots or int(s.max()) >= num_slots):
+        raise HandedWrong(f"KV slot {int(s.max()) if int(s.max()) >= num_slots else int(s.min())} handed to a "
+                          f"pool of {num_slots} slots")
+    return s
+
+
 @dataclass(frozen=True)
 class ProvenanceFinding:
     step: int          # verify round; -1 for the prefill
@@ -52,10 +70,10 @@ class SlotProvenance:
 
     def written(self, slots: torch.Tensor) -> None:
         """K/V written by something that does not say what (e.g. a port's set_kv_buffer)."""
-        self.owner[slots.cpu()] = UNKNOWN
+        self.owner[_index(slots, self.owner.numel())] = UNKNOWN
 
     def freed(self, slots: torch.Tensor) -> None:
-        s = slots.cpu()
+        s = _index(slots, self.owner.numel())
         self.owner[s], self.position[s], self.token[s] = FREE, -1, -1
 
     def move(self, tgt: torch.Tensor, src: torch.Tensor) -> None:
