@@ -100,6 +100,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
     for result in clock.timed(p.engine.rounds()):
         progress.step, progress.in_step = result.step, True
         summary.steps += 1
+        _check_round_label(result.step, summary.steps - 1, summary)
         progress.ignored_prefix_keys += _ignored_prefix_keys(result.batch, p.engine.backend)
         divergent_before = summary.divergent_nodes + summary.nonfinite_padding_rows
         _check_ranks(result, summary, writer)   # --tp: the cause, where a rank disagrees, before its logits
@@ -527,6 +528,15 @@ def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:
     return tokens[:tokens.index(eos_id) + 1]
 
 
+def _check_round_label(label: int, rounds_before: int, summary: CheckSummary) -> None:
+    """The engine labels each verify round with the count of rounds before it (its records, the localizer's
+    reruns to a step and a user's `--stop-after` all read that label): another is the engine's divergence."""
+    if label != rounds_before and summary.first is None:
+        summary.first = FirstDivergence(rounds_before, -1, -1, None, False, None, "round",
+                                        f"the engine labelled its verify round {rounds_before} (counted from 0) "
+                                        f"as step {label}: its round counter is wrong")
+
+
 def _check_batch_padding(p: Prepared, step: int, summary: CheckSummary) -> None:
     """Graph batch-padding (dummy) rows are discarded, but like padding rows
     they must come out finite: NaN there means their mask was not theirs."""
@@ -676,8 +686,10 @@ def _localize(p: Prepared, summary: CheckSummary, writer: RecordWriter) -> None:
         summary.stage, summary.quantity = "model forward", "logits"
         _drift_by_replacement(p, summary)
         return
-    if first.what in ("tree", "crash") or first.what in RANK_CLASSES:  # decided before the verify forward
+    if first.what in ("tree", "crash", "round") or first.what in RANK_CLASSES:  # decided before the verify forward
         summary.fault_class, summary.explanation = first.what, first.detail
+        if first.what == "round":   # the loop's own counter: no stage's output is wrong, none is named
+            return
         if first.what in RANK_CLASSES:   # the ranks' audit measured the first wrong quantity itself
             summary.stage, summary.quantity = RANK_WHERE[first.what]
         elif first.what == "tree":

@@ -25,6 +25,7 @@ class FirstDivergence:
     #                     | provenance (a KV slot read or written against the canary's record of it)
     #                     | rank-* / kv-heads-sharded (--tp: a rank disagrees with rank 0; the class itself)
     #                     | crash (the engine under test raised before anything diverged; detail names where)
+    #                     | round (the engine labelled a verify round with another number than the rounds before it)
     #                     | proven-crash (it raised, or its process died, at step `step`, and one stage's
     #                       replacement makes that step run and match the oracle: detail names the stage)
     #                     | drift (the noise floor's run-level test: every node's error above the oracle's
