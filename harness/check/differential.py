@@ -531,7 +531,10 @@ def cut_stream(tokens: list[int], eos_id: int | None) -> list[int]:
 def _check_round_label(label: int, rounds_before: int, summary: CheckSummary) -> None:
     """The engine labels each verify round with the count of rounds before it (its records, the localizer's
     reruns to a step and a user's `--stop-after` all read that label): another is the engine's divergence."""
-    if label != rounds_before and summary.first is None:
+    if label == rounds_before:
+        return
+    summary.round_mismatches += 1
+    if summary.first is None:
         summary.first = FirstDivergence(rounds_before, -1, -1, None, False, None, "round",
                                         f"the engine labelled its verify round {rounds_before} (counted from 0) "
                                         f"as step {label}: its round counter is wrong")

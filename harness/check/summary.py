@@ -50,6 +50,7 @@ class CheckSummary:
     accept_mismatches: int = 0   # steps where the walk and SGLang's verify_tree_greedy disagree
     load_mismatches: int = 0     # config keys and tensors where the engine's loader and the oracle's differ
     tree_mismatches: int = 0     # steps whose tree is not the oracle's best-first build from the same drafts
+    round_mismatches: int = 0    # verify rounds the engine labelled with another number than the rounds before them
     accept_ref_mismatches: int = 0  # steps whose walk is not the oracle's greedy walk (beyond near ties)
     reference_near_ties: int = 0    # tree or walk differences explained by a near tie
     mean_accepted_length: float | None = None  # tokens committed per (step, request): accepted drafts + bonus
@@ -137,6 +138,7 @@ class CheckSummary:
         counts = (("divergent nodes", self.divergent_nodes), ("non-finite padding rows", self.nonfinite_padding_rows),
                   ("stream mismatches", self.stream_mismatches), ("accept mismatches", self.accept_mismatches),
                   ("load mismatches", self.load_mismatches), ("tree mismatches", self.tree_mismatches),
+                  ("round mismatches", self.round_mismatches),
                   ("accept-ref mismatches", self.accept_ref_mismatches), ("audit errors", self.audit_errors),
                   ("audit warnings (strict)", self.audit_warnings if self.strict else 0),
                   ("provenance findings", self.provenance_findings), ("rank findings", self.rank_findings))

@@ -31,8 +31,10 @@ def test_a_counter_that_stops_is_a_divergence_named_at_the_round_it_mislabels():
     summary = _run(lambda i: 0)
     assert summary.first is not None and summary.first.what == "round" and summary.first.step == 1, summary.first
     assert "as step 0" in summary.first.detail and summary.fault_class == "round" and summary.stage is None
+    assert summary.verdict == "diverge" and summary.round_mismatches == summary.steps - 1
+    assert summary.failed_checks == [f"round mismatches {summary.steps - 1}"]
 
 
 def test_rounds_counted_from_zero_pass():
     summary = _run()
-    assert summary.first is None and summary.steps > 1
+    assert summary.first is None and summary.steps > 1 and summary.verdict == "pass" and summary.round_mismatches == 0
