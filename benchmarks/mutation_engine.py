@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         return merge([Path(p) for p in a.merge], out)
     truth, memory = Truth.load(TRUTH), int(a.memory_gib * GiB)
     args = [("cosmic-ray" if x == a.cosmic_ray else x) for x in (argv if argv is not None else sys.argv[1:])]
-    command = "PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args)
+    # the command as run, paths inside the project relative to it (no machine's paths in the results)
+    command = ("PYTHONPATH=$PWD python benchmarks/mutation_engine.py " + shlex.join(args)).replace(f"{ROOT}/", "")
     if a.from_file:
         listing, exported = read_export(Path(a.from_file), ROOT, a.reanchor)
         judged = {r["mutant"] for f in a.skip for r in json.loads(Path(f).read_text())["rows"]}
