@@ -31,7 +31,7 @@ import torch
 from harness.check.step_clock import oracle_threads
 from harness.engine.attn.base import AttentionBackend
 from harness.engine.ddtree.tree import DraftTree
-from harness.engine.ddtree.verify_inputs import AttnMetadata, prefill_metadata
+from harness.engine.ddtree.verify_inputs import AttnMetadata
 from harness.engine.mem.pool import KVPool
 from harness.engine.model.llama import LlamaModel
 

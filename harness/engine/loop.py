@@ -26,7 +26,7 @@ from harness.engine.ddtree.accept import Acceptance, cut_at_stop
 from harness.engine.ddtree.accept_sglang import pick_acceptors
 from harness.engine.ddtree.drafter import make_drafter
 from harness.engine.ddtree.tree import DraftTree
-from harness.engine.ddtree.verify_inputs import VerifyBatch, prefill_metadata
+from harness.engine.ddtree.verify_inputs import VerifyBatch
 
 
 @dataclass
