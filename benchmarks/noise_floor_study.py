@@ -60,7 +60,7 @@ def judge(p, leak=None, localize=False) -> tuple[dict, list[dict]]:
         p.engine.pipeline = replace(p.engine.pipeline, build_mask=ONE_KEY_LEAKS[leak])
     w = RecordWriter(None)
     t0 = time.perf_counter()
-    s = check(p, w, localize=localize)
+    s = check(replace(p, every_twin=True), w, localize=localize)   # every node's twin
     wall = time.perf_counter() - t0
     recs = [json.loads(x) for x in w.lines]
     row = dict(setting=s.setting, passed=s.passed, steps=s.steps, nodes=s.nodes_checked,

@@ -66,7 +66,7 @@ def judge(p, leak=None):
     if leak:
         p.engine.pipeline = replace(p.engine.pipeline, build_mask=ONE_KEY_LEAKS[leak])
     w = RecordWriter(None)
-    s = check(p, w, localize=False)
+    s = check(replace(p, every_twin=True), w, localize=False)   # every node's four errors
     recs = [json.loads(x) for x in w.lines]
     nodes = [r for r in recs if r["kind"] == "node" and not r["is_padding"]]
     row = dict(setting=s.setting, passed=s.passed, nodes=s.nodes_checked, divergent_nodes=s.divergent_nodes,

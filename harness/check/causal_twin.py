@@ -59,16 +59,20 @@ class CausalTwin:
         self.threads = threads
         self.prefixes: list[_Prefix] = []   # least recently used first
 
-    def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
-        """Twin logits [num_rows, vocab] float32 on the twin's device, row i for tree node i."""
+    def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree, nodes: list[int] | None = None) -> torch.Tensor:
+        """Twin logits [len(nodes), vocab] float32 on the twin's device, row j for tree node nodes[j] (default:
+        every node, row i for node i). Only the paths to those nodes are computed."""
+        nodes = list(range(tree.num_rows)) if nodes is None else list(nodes)
         if self.threads is None:
-            return self._tree_logits(prefix, tree)
+            return self._tree_logits(prefix, tree, nodes)
         with oracle_threads(self.threads):
-            return self._tree_logits(prefix, tree)
+            return self._tree_logits(prefix, tree, nodes)
 
-    def _tree_logits(self, prefix: tuple[int, ...], tree: DraftTree) -> torch.Tensor:
+    def _tree_logits(self, prefix: tuple[int, ...], tree: DraftTree, nodes: list[int]) -> torch.Tensor:
+        if not nodes:
+            return torch.zeros(0, self.model.cfg.vocab_size, device=self.device)
         p = len(prefix)
-        chains = [list(tree.ancestors(leaf)) for leaf in _leaves(tree)]   # root .. leaf, one sequence each
+        chains = [list(tree.ancestors(end)) for end in _path_ends(tree, nodes)]   # root .. end, one sequence each
         lens = [len(c) for c in chains]
         total = sum(lens)
         cached = self._extend(tuple(prefix), p + total)
@@ -86,8 +90,8 @@ class CausalTwin:
             for node in chain:
                 first.setdefault(node, flat)
                 flat += 1
-        rows = torch.tensor([first[i] for i in range(tree.num_rows)], device=self.device)   # [num_rows]
-        return self._forward(ids, positions, meta, cached.pool, rows)       # [num_rows, vocab]
+        rows = torch.tensor([first[i] for i in nodes], device=self.device)   # [len(nodes)]
+        return self._forward(ids, positions, meta, cached.pool, rows)       # [len(nodes), vocab]
 
     def _extend(self, prefix: tuple[int, ...], room: int) -> _Prefix:
         """The kept prefix that `prefix` extends (the longest), extended to it by a causal extend of the tokens
@@ -136,6 +140,10 @@ def _slots(start: int, n: int, device: str) -> torch.Tensor:
     return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=device)
 
 
-def _leaves(tree: DraftTree) -> list[int]:
-    parents = {int(x) for x in tree.parents[1:tree.num_rows]}
-    return [i for i in range(tree.num_rows) if i not in parents]
+def _path_ends(tree: DraftTree, nodes: list[int]) -> list[int]:
+    """The nodes on no other one's root path (every node: the tree's leaves), in order: one sequence each covers
+    every node asked for."""
+    if any(not 0 <= i < tree.num_rows for i in nodes):
+        raise ValueError(f"twin rows must be tree nodes in [0, {tree.num_rows}), got {nodes}")
+    above = {a for i in nodes for a in tree.ancestors(i) if a != i}
+    return sorted(i for i in set(nodes) if i not in above)

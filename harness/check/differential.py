@@ -13,7 +13,7 @@ import torch
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
 from harness.check.compare.metrics import engine_block
-from harness.check.compare.step_table import RequestRows, RowResult, step_table
+from harness.check.compare.step_table import RequestRows, RowResult, step_table, twin_table
 from harness.check.compare.router_tie import RouterTies, StepRouting, noise_band
 from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
@@ -109,6 +109,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
             judged = [_judge_request_step(rs, p) for rs in steps]
             tables = step_table(judged, p.settings.device)   # compared on the run's device, one host copy per step
+            tables = [_with_twins(rs, p, j, rows) for rs, j, rows in zip(steps, judged, tables)]
             for rs, j, rows in zip(steps, judged, tables):
                 _check_request_step(rs, p, summary, writer, progress, rows)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
@@ -257,16 +258,38 @@ def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestS
 
 def _judge_request_step(rs: RequestStep, p: Prepared) -> RequestRows:
     """The oracle's rows for the request's tree, and under the noise-floor verdict its two yardsticks (the
-    twin and the oracle's own low-precision computation): what compare/step_table.py compares."""
+    twin and the oracle's own low-precision computation): what compare/step_table.py compares. The twin only
+    with Prepared.every_twin: else _with_twins computes it for the nodes whose verdict it can change."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
     if p.rule is None:
         return RequestRows(rs.logits, ref)
-    twin = p.twin.tree_logits(rs.prefix, tree)                                 # [num_rows, vocab] float32
     rounded = p.oracle.rounded_tree_logits(list(rs.prefix), list(tree.tokens), parents, p.settings.dtype,
                                            p.rounded_probabilities)            # [num_rows, vocab] float64
+    twin = p.twin.tree_logits(rs.prefix, tree) if p.every_twin else None      # [num_rows, vocab] float32
     return RequestRows(rs.logits, ref, twin, rounded)
+
+
+def _with_twins(rs: RequestStep, p: Prepared, judged: RequestRows, rows: list[RowResult]) -> list[RowResult]:
+    """The rows with their twins' quantities for the nodes whose verdict the twin can change
+    (NoiseFloorRule.needs_twin: past the bound of the rounded yardstick alone, or counted by test 3 without
+    it); the other nodes keep twin_err None. The twin is the engine's computation again, one causal extend per
+    path: computed for every node it cost more than the float64 oracle (SmolLM2-135M, budget 32, topk 4,
+    batch 4, CPU: 0.7 s of a 1.7 s check step; benchmarks/oracle_speed.py)."""
+    if p.rule is None or judged.twin is not None:
+        return rows
+    need = [i for i in range(judged.ref.shape[0])
+            if p.rule.needs_twin(rows[i].metrics.rel_err, rows[i].rounded_err)]
+    if not need:
+        return rows
+    idx = torch.tensor(need)
+    twin = p.twin.tree_logits(rs.prefix, rs.tree, need)                        # [len(need), vocab] float32
+    cols = twin_table(judged.engine[idx.to(judged.engine.device)], judged.ref[idx], twin, p.settings.device)
+    rows = list(rows)
+    for i, (err, dist, l2) in zip(need, cols):
+        rows[i] = replace(rows[i], twin_err=err, twin_dist=dist, l2=(rows[i].l2[0], l2, rows[i].l2[2]))
+    return rows
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,
@@ -296,9 +319,12 @@ def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, wri
         tol = p.tolerance
         if rule is not None:
             twin_err, rounded_err, twin_dist, l2 = r.twin_err, r.rounded_err, r.twin_dist, r.l2
-            tol, ratio = rule.bound(twin_err, rounded_err), rule.ratio(m.rel_err, twin_err, rounded_err)
+            known = 0.0 if twin_err is None else twin_err   # not computed: it could not change this node's verdicts
+            tol, ratio = rule.bound(known, rounded_err), rule.ratio(m.rel_err, known, rounded_err)
             summary.max_noise_ratio = max(summary.max_noise_ratio or 0.0, ratio)
-            summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
+            if twin_err is not None:
+                summary.max_twin_err = max(summary.max_twin_err or 0.0, twin_err)
+                summary.twin_nodes = (summary.twin_nodes or 0) + 1
             summary.max_rounded_err = max(summary.max_rounded_err or 0.0, rounded_err)
             progress.drift_pairs.append((m.rel_err, rounded_err))
             progress.ratios.append((ratio, rs.step, rs.rid, row))

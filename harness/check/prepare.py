@@ -66,6 +66,7 @@ class Prepared:
     prompt_ids: list[list[int]]
     port: PortRun | None = None
     twin: CausalTwin | None = None   # the nodes' low-precision twins, for the noise-floor verdict
+    every_twin: bool = False   # every node's twin, not only where it can change a verdict: studies and calibration
     load_s: dict = field(default_factory=dict)   # this run's loading phases; empty when it reused a reading
 
     @property

@@ -35,7 +35,8 @@ class NodeRecord:
     setting: str = ""
     kind: str = "node"
     twin_err: float | None = None     # the node's correct low-precision twin against the oracle (noise-floor verdict)
-    noise_ratio: float | None = None  # rel_err / max(twin_err, rounded_err, floor)
+    noise_ratio: float | None = None  # rel_err / max(twin_err, rounded_err, floor); twin_err null (not computed: it
+    #                                   could change no verdict of the node) over rounded_err alone, an upper bound
     rounded_err: float | None = None  # the oracle's own low-precision computation of the node against the oracle
     twin_dist: float | None = None    # max |logits - twin logits| / max |oracle|: the engine against its twin directly
     rel_l2: float | None = None       # ||logits - oracle||_2 / ||oracle||_2 (noise-floor runs): the whole vector's error

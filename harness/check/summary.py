@@ -60,7 +60,9 @@ class CheckSummary:
     noise_rule: dict | None = None   # multiplier, floor, ceiling, drift_limit of the noise-floor rule
     planned_nodes: int | None = None       # the node count the noise-floor multiplier was set for
     max_noise_ratio: float | None = None   # largest rel_err / max(twin_err, rounded_err, floor) over judged nodes
-    max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model
+    max_twin_err: float | None = None      # largest twin error: the dtype's noise on this model (of twin_nodes)
+    twin_nodes: int | None = None          # judged nodes whose twin was computed: those whose verdict it could change
+    #                                        (NoiseFloorRule.needs_twin), every one with Prepared.every_twin
     max_rounded_err: float | None = None   # largest error of the oracle's own low-precision computation
     noise_drift: float | None = None       # exp(median log(rel_err / max(rounded_err, floor))) over judged nodes
     drift_exceeded: bool = False           # noise_drift above the rule's drift_limit: a divergence of the run

@@ -134,6 +134,20 @@ class NoiseFloorRule:
         """e_engine / noise scale: the node's error in units of its noise."""
         return e_engine / self.scale(e_twin, e_rounded)
 
+    def needs_twin(self, e_engine: float, e_rounded: float) -> bool:
+        """Whether the node's twin error can change what this rule decides of it, its rounded error known.
+
+        The twin only raises the noise scale (scale takes the larger yardstick): without it the bound is at
+        its lowest and the ratio at its highest. So a node inside bound(0, e_rounded), or past the ceiling,
+        gets test 1's verdict either way; one whose ratio without the twin is at most excess_ratio is not
+        counted by test 3 either way; test 2 reads no twin. Only the other nodes need their twin computed
+        (differential.py: the twin is the engine's computation again, one causal extend per path)."""
+        if not math.isfinite(e_engine):   # a non-finite row diverges, and its ratio is inf, with any twin
+            return False
+        test1 = self.bound(0.0, e_rounded) < e_engine <= self.ceiling
+        test3 = self.excess_ratio is not None and self.ratio(e_engine, 0.0, e_rounded) > self.excess_ratio
+        return test1 or test3
+
     def drift(self, errors: list[tuple[float, float]]) -> float | None:
         """exp(median log(e / max(e_rounded, floor))) over (e, e_rounded) pairs; None for none."""
         logs = sorted(math.log(max(e, 1e-30) / max(r, self.floor)) for e, r in errors)

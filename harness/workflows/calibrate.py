@@ -83,7 +83,8 @@ def measure(settings: list[RunSettings], on_setting=None) -> list[Calibration]:
     counts: dict[str, list[int]] = {}
     for i, s in enumerate(settings):
         w = RecordWriter(None)
-        summary = check(loads.prepare(s, prompts_for(s)), w, localize=False)
+        # every node's twin: the multiplier is fit to every node's ratio, not the upper bound a skipped twin leaves
+        summary = check(replace(loads.prepare(s, prompts_for(s)), every_twin=True), w, localize=False)
         nodes = [r for r in map(json.loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
         errs.setdefault(s.dtype, []).extend(float(r["rel_err"]) for r in nodes if isinstance(r["rel_err"], float))
         ratios.setdefault(s.dtype, []).extend(r["noise_ratio"] for r in nodes if r.get("noise_ratio") is not None)

@@ -2,6 +2,8 @@
 low-precision twin, not a fixed table."""
 from __future__ import annotations
 
+import json
+
 import math
 from dataclasses import replace
 
@@ -19,13 +21,17 @@ from harness.check.records import RecordWriter
 from harness.engine.settings import RunSettings, UsageError
 
 
-def run(leak=None, **kw):
+def run(leak=None, every_twin=False, **kw):
     s = RunSettings(**{"backend": "torch", "max_new_tokens": 10, "stop_after": 0, **kw})
-    p = prepare(s)
+    p = replace(prepare(s), every_twin=every_twin)
     if leak:
         p.engine.pipeline = replace(p.engine.pipeline, build_mask=ONE_KEY_LEAKS[leak])
     w = RecordWriter(None)
     return check(p, w, localize=False), w
+
+
+def judged_nodes(w) -> list[dict]:
+    return [r for r in map(json.loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
 
 
 def test_rule_bound_and_ratio():
@@ -92,9 +98,43 @@ def test_a_correct_bf16_run_passes_with_ratios_recorded():
     assert summary.max_noise_ratio < summary.noise_rule["multiplier"]
     assert summary.noise_drift < summary.noise_rule["drift_limit"]
     assert summary.noise_excess["nodes"] == summary.nodes_checked and summary.noise_excess["p"] > 1e-5
-    nodes = [r for r in map(__import__("json").loads, w.lines) if r.get("kind") == "node" and not r["is_padding"]]
-    assert nodes and all(r["twin_err"] is not None and r["rounded_err"] is not None and r["noise_ratio"] is not None
-                         for r in nodes)
+    nodes = judged_nodes(w)
+    assert nodes and all(r["rounded_err"] is not None and r["noise_ratio"] is not None for r in nodes)
+    rule = NoiseFloorRule(**{k: summary.noise_rule[k] for k in ("multiplier", "floor", "ceiling", "drift_limit",
+                                                                 "excess_ratio")})
+    # the twin computed exactly where it can change a verdict, and counted
+    assert [r["twin_err"] is not None for r in nodes] == [rule.needs_twin(r["rel_err"], r["rounded_err"]) for r in nodes]
+    assert summary.twin_nodes == sum(r["twin_err"] is not None for r in nodes)
+
+
+def test_rule_needs_the_twin_only_where_it_can_change_a_verdict():
+    r = NoiseFloorRule(multiplier=2.0, floor=0.01, ceiling=0.2, drift_limit=1.5, excess_ratio=1.5)
+    assert not r.needs_twin(0.014, 0.01)          # inside 1.5 x the rounded scale: no test changes
+    assert r.needs_twin(0.016, 0.01)              # test 3 counts it without the twin: a twin may clear it
+    assert r.needs_twin(0.03, 0.01)               # past bound(0, 0.01) = 0.02: the twin may raise the bound
+    assert r.needs_twin(0.3, 0.01)                # past the ceiling: diverges whatever the twin, but test 3's count
+    assert not r.needs_twin(float("inf"), 0.01)   # non-finite: diverges, ratio inf, whatever the twin
+    no3 = NoiseFloorRule(multiplier=2.0, floor=0.01, ceiling=0.2, drift_limit=1.5)
+    assert not no3.needs_twin(0.016, 0.01) and no3.needs_twin(0.021, 0.01) and not no3.needs_twin(0.3, 0.01)
+    for e in (0.001, 0.012, 0.016, 0.03, 0.19, 0.5):   # no twin error changes the verdicts of a node said not to need it
+        for twin in (0.0, 0.004, 0.02, 0.3):
+            if not r.needs_twin(e, 0.01):
+                assert (e > r.bound(twin, 0.01)) == (e > r.bound(0.0, 0.01))
+                assert (r.ratio(e, twin, 0.01) > 1.5) == (r.ratio(e, 0.0, 0.01) > 1.5)
+
+
+@pytest.mark.parametrize("leak", [None, "one-sibling-visible"])
+def test_twins_where_needed_give_the_verdicts_of_every_twin(leak):
+    """The check with the twin of every node and with the twins only where they can change a verdict: the same
+    verdict, the same divergent nodes, the same drift; fewer twins computed."""
+    lazy, wl = run(leak, dtype="bfloat16", topk=4, max_new_tokens=6)
+    full, wf = run(leak, every_twin=True, dtype="bfloat16", topk=4, max_new_tokens=6)
+    assert (lazy.passed, lazy.divergent_nodes, lazy.noise_drift) == (full.passed, full.divergent_nodes, full.noise_drift)
+    assert [r["verdict"] for r in judged_nodes(wl)] == [r["verdict"] for r in judged_nodes(wf)]
+    assert lazy.noise_excess == full.noise_excess
+    assert full.twin_nodes == full.nodes_checked and (lazy.twin_nodes or 0) < full.twin_nodes
+    if leak:
+        assert lazy.divergent_nodes > 0
 
 
 @pytest.mark.parametrize("leak", ["one-sibling-visible", "one-ancestor-hidden"])

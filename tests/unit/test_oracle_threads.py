@@ -5,6 +5,8 @@ thread: the oracle of SmolLM2-135M at budget 32, topk 4, batch 4 took 68.5 s per
 (benchmarks/README.md, oracle-speed)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import os
 
 import torch
@@ -43,6 +45,7 @@ def test_a_checkpoint_oracle_on_the_cpu_takes_the_idle_cores(monkeypatch):
 def test_the_twin_runs_on_the_engine_threads_the_oracle_on_its_own(monkeypatch):
     torch.set_num_threads(1)   # the CLI's engine threads
     p = prepare(RunSettings(backend="torch", dtype="bfloat16", topk=2, budget=6, batch=2, max_new_tokens=6))
+    p = replace(p, every_twin=True)   # the twin of every node: called on every step
     assert p.twin is not None and p.rule is not None
     monkeypatch.setattr(differential, "oracle_thread_count", lambda model, device: 2)
     seen: dict[str, set[int]] = {"twin": set(), "oracle": set()}

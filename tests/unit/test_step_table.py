@@ -4,12 +4,13 @@ the twin's and rounded computation's errors, twin_dist and rel_l2 each a call of
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 
 from harness.check.compare.metrics import compare_rows, engine_block, rel_l2
-from harness.check.compare.step_table import RequestRows, step_table
+from harness.check.compare.step_table import ROWS_PER_PASS, RequestRows, step_table, twin_table
 from harness.check.prepare import prepare
 from harness.engine.settings import RunSettings
 
@@ -52,7 +53,8 @@ def tiny_steps():
     """The first three verify steps of a tiny-preset bf16 run of 2 requests with padding rows, with the oracle's
     rows, the twins and the rounded computations, as the check computes them."""
     from harness.check.differential import _judge_request_step
-    p = prepare(RunSettings(budget=16, topk=1, batch=2, max_new_tokens=16, backend="torch", dtype="bfloat16"))
+    p = replace(prepare(RunSettings(budget=16, topk=1, batch=2, max_new_tokens=16, backend="torch", dtype="bfloat16")),
+                every_twin=True)
     out = []
     for result in itertools.islice(p.engine.rounds(), 3):
         out.append([_judge_request_step(rs, p) for rs in result.requests])
@@ -100,4 +102,30 @@ def test_the_yardsticks_are_judged_by_rel_err_alone(tiny_steps, monkeypatch):
     step = tiny_steps[0]
     assert all(r.twin is not None for r in step)
     tabled(itertools.chain.from_iterable(step_table(step, "cpu")))
-    assert len(calls) == 2 * len(step)
+    assert len(calls) == 2 * sum(-(-r.ref.shape[0] // ROWS_PER_PASS) for r in step)   # per pass of rows
+
+
+def test_without_the_twin_its_columns_are_none_and_twin_table_gives_them(tiny_steps):
+    """The check computes the twin after the table, for some nodes (differential.py _with_twins): the table
+    without it has the rounded yardstick's numbers and None for the twin's, and twin_table gives the per-node
+    path's twin numbers for any rows asked, in the order asked."""
+    r = tiny_steps[1][0]
+    rows = step_table([replace(r, twin=None)])[0]
+    want = per_node(r)
+    real = r.ref.shape[0]
+    for row, (m, twin_err, rounded_err, dist, l2) in zip(rows[:real], want):
+        assert repr((row.metrics, row.rounded_err, row.l2[0], row.l2[2])) == repr((m, rounded_err, l2[0], l2[2]))
+        assert row.twin_err is None and row.twin_dist is None and row.l2[1] is None
+    some = [real - 1, 0, 2]
+    got = twin_table(r.engine[some], r.ref[some], r.twin[some], "cpu")
+    assert got == [(want[i][1], want[i][3], want[i][4][1]) for i in some]
+    assert twin_table(r.engine[:0], r.ref[:0], r.twin[:0], "cpu") == []
+
+
+def test_rows_past_one_pass_give_the_same_numbers(tiny_steps, monkeypatch):
+    """More rows than ROWS_PER_PASS: taken in passes, every row's numbers those of the per-node path."""
+    import harness.check.compare.step_table as st
+    monkeypatch.setattr(st, "ROWS_PER_PASS", 3)
+    for r in tiny_steps[0]:
+        assert r.ref.shape[0] > 3
+        assert same(tabled(step_table([r])[0]), per_node(r))

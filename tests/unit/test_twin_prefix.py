@@ -50,3 +50,25 @@ def test_the_prefix_is_extended_not_prefilled_again(monkeypatch):
             assert tree_rows == rs.tree.num_rows
             seen[rs.rid] = len(rs.prefix)
     assert len(seen) == 2 and all(n > len(p.prompt_ids[0]) for n in seen.values())
+
+
+def test_some_nodes_cost_only_their_paths_and_equal_those_rows_of_every_node():
+    """tree_logits for some nodes: the rows of those nodes, in the order asked, from one sequence per node on no
+    other asked node's path (float32: the same values as with every node's paths, up to the rounding of other
+    batch shapes)."""
+    p = prepare(RunSettings(backend="torch", topk=4, budget=8, max_new_tokens=4, dtype="float32", verdict="fixed"))
+    rs = next(iter(p.engine.rounds())).requests[0]
+    tree = rs.tree
+    twin = CausalTwin(p.engine.model, p.engine.kernel, "cpu", p.engine.max_context + p.engine.q_len)
+    every = twin.tree_logits(rs.prefix, tree)                                # [num_rows, vocab]
+    parents = {int(x) for x in tree.parents[1:tree.num_rows]}
+    inner = next(i for i in range(1, tree.num_rows) if i in parents)          # a node with a child
+    child = next(i for i in range(1, tree.num_rows) if int(tree.parents[i]) == inner)
+    asked = [child, 0, inner]
+    calls = []
+    forward = p.engine.model.forward
+    p.engine.model.forward = lambda ids, *a, **k: calls.append(ids.numel()) or forward(ids, *a, **k)
+    got = twin.tree_logits(rs.prefix, tree, asked)
+    assert torch.allclose(got, every[asked], rtol=0, atol=1e-4)
+    assert calls == [len(tree.ancestors(child))]   # the child's path alone covers all three
+    assert twin.tree_logits(rs.prefix, tree, []).shape == (0, every.shape[1])

@@ -29,8 +29,9 @@ WIDTH = PADDING_FINITE + 1
 @dataclass(frozen=True)
 class RequestRows:
     """One request's rows to compare. engine  # [q_len, vocab] the engine's block (padding rows after the
-    tree's); ref  # [num_rows, vocab] float64, the oracle's; twin  # [num_rows, vocab] and
-    rounded  # [num_rows, vocab]: the noise-floor verdict's yardsticks, or None."""
+    tree's); ref  # [num_rows, vocab] float64, the oracle's; rounded  # [num_rows, vocab]: the noise-floor
+    verdict's rounded yardstick, or None (no noise columns); twin  # [num_rows, vocab]: its other yardstick for
+    every node, or None (computed later for the nodes that need it: twin_table)."""
     engine: torch.Tensor
     ref: torch.Tensor
     twin: torch.Tensor | None = None
@@ -40,7 +41,8 @@ class RequestRows:
 @dataclass(frozen=True)
 class RowResult:
     """One verify row's quantities on the host: the node's metrics (None for a padding row), the noise-floor
-    quantities (None without a twin), and for a padding row whether its logits are finite."""
+    quantities (None without a yardstick; the twin's three None where the twin was not computed), and for a
+    padding row whether its logits are finite."""
     metrics: NodeMetrics | None
     twin_err: float | None = None
     rounded_err: float | None = None
@@ -49,26 +51,47 @@ class RowResult:
     finite: bool = True
 
 
+ROWS_PER_PASS = 16   # rows compared together: a few MB of float64 at a 50-150k vocabulary, held in cache across
+#                      the ~20 elementwise passes of a row's quantities (whole-step passes each re-read 50 MB)
+
+
 def request_columns(r: RequestRows, device: torch.device) -> torch.Tensor:
-    """The request's table on `device`: [q_len, WIDTH] float64, nothing copied to the host."""
+    """The request's table on `device`: [q_len, WIDTH] float64, nothing copied to the host. Every quantity is
+    of one row alone, so the rows are taken ROWS_PER_PASS at a time (the same numbers, in cache)."""
     q_len, real = r.engine.shape[0], r.ref.shape[0]
     out = torch.full((q_len, WIDTH), math.nan, dtype=torch.float64, device=device)   # [q_len, WIDTH]
-    engine = r.engine.to(device)                                                     # [q_len, vocab]
-    if real:
-        ref = r.ref.to(device)                                                       # [real, vocab] float64
-        out[:real, :len(METRIC_COLUMNS)] = metric_columns(engine[:real], ref)
+    c = len(METRIC_COLUMNS)
+    for a in range(0, real, ROWS_PER_PASS):
+        rows = slice(a, min(a + ROWS_PER_PASS, real))
+        engine, ref = r.engine[rows].to(device), r.ref[rows].to(device)           # [k, vocab] each
+        out[rows, :c] = metric_columns(engine, ref)
+        if r.rounded is not None:
+            rounded = r.rounded[rows].to(device)                                   # [k, vocab]
+            out[rows, c + 1] = rel_err_column(rounded, ref)   # the yardsticks' rel_err alone: no softmax of them
+            out[rows, c + 3] = rel_l2_column(engine, ref)
+            out[rows, c + 5] = rel_l2_column(rounded, ref)
         if r.twin is not None:
-            twin, rounded = r.twin[:real].to(device), r.rounded[:real].to(device)    # [real, vocab] each
-            scale = ref.abs().amax(-1).clamp_min(1e-30)                              # [real] max |ref|
-            c = len(METRIC_COLUMNS)
-            out[:real, c] = rel_err_column(twin, ref)        # the yardsticks' rel_err alone: no softmax of them
-            out[:real, c + 1] = rel_err_column(rounded, ref)
-            out[:real, c + 2] = (engine[:real].double() - twin.double()).abs().amax(-1) / scale
-            for j, x in enumerate((engine[:real], twin, rounded)):
-                out[:real, c + 3 + j] = rel_l2_column(x, ref)
+            out[rows, [c, c + 2, c + 4]] = twin_columns(engine, ref, r.twin[rows].to(device))
     if q_len > real:
-        out[real:, PADDING_FINITE] = torch.isfinite(engine[real:]).all(-1).double()
+        out[real:, PADDING_FINITE] = torch.isfinite(r.engine[real:].to(device)).all(-1).double()
     return out
+
+
+def twin_columns(engine: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor) -> torch.Tensor:
+    """The twin's quantities of k rows on ref's device: [k, 3] float64 (twin_err, twin_dist, twin_l2).
+    engine  # [k, vocab] any float dtype; ref  # [k, vocab] float64; twin  # [k, vocab]."""
+    twin = twin.to(ref.device)
+    scale = ref.abs().amax(-1).clamp_min(1e-30)                                     # [k] max |ref|
+    dist = (engine.to(ref.device, torch.float64) - twin.double()).abs().amax(-1) / scale
+    return torch.stack([rel_err_column(twin, ref), dist, rel_l2_column(twin, ref)], -1)
+
+
+def twin_table(engine: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor, device) -> list[tuple[float, float, float]]:
+    """twin_columns of k rows computed on `device`, ROWS_PER_PASS at a time, copied to the host once:
+    (twin_err, twin_dist, twin_l2) per row."""
+    parts = [twin_columns(engine[a:a + ROWS_PER_PASS].to(device), ref[a:a + ROWS_PER_PASS].to(device),
+                          twin[a:a + ROWS_PER_PASS]) for a in range(0, ref.shape[0], ROWS_PER_PASS)]
+    return [tuple(x) for x in torch.cat(parts).tolist()] if parts else []
 
 
 def step_table(requests: list[RequestRows], device: torch.device | str | None = None) -> list[list[RowResult]]:
@@ -83,15 +106,18 @@ def step_table(requests: list[RequestRows], device: torch.device | str | None = 
     for r, t in zip(requests, tables):
         rows = host[start:start + t.shape[0]]
         start += t.shape[0]
-        out.append([_row(row, i < r.ref.shape[0], r.twin is not None) for i, row in enumerate(rows)])
+        out.append([_row(row, i < r.ref.shape[0], r.rounded is not None, r.twin is not None)
+                    for i, row in enumerate(rows)])
     return out
 
 
-def _row(row: list[float], judged: bool, noise: bool) -> RowResult:
+def _row(row: list[float], judged: bool, noise: bool, twin: bool) -> RowResult:
     if not judged:
         return RowResult(None, finite=bool(row[PADDING_FINITE]))
     m = metrics_of(row[:len(METRIC_COLUMNS)])
     if not noise:
         return RowResult(m)
-    twin_err, rounded_err, twin_dist, *l2 = row[len(METRIC_COLUMNS):PADDING_FINITE]
-    return RowResult(m, twin_err, rounded_err, twin_dist, tuple(l2))
+    twin_err, rounded_err, twin_dist, l2, twin_l2, rounded_l2 = row[len(METRIC_COLUMNS):PADDING_FINITE]
+    if not twin:
+        return RowResult(m, None, rounded_err, None, (l2, None, rounded_l2))
+    return RowResult(m, twin_err, rounded_err, twin_dist, (l2, twin_l2, rounded_l2))
