@@ -28,7 +28,12 @@ to memory (embedding rows, norm outputs, every projection's output, q and k
 after RoPE, the attention output, the residual stream after each add, the
 MLP's inner product, the logits) is rounded to `dtype` (round to nearest
 even); everything between two stores (sums, softmax, RoPE's cos/sin) stays
-float64. It is a second, independent low-precision computation of the
+float64, except the sums of the projections' and the output projection's
+matmuls: float32, as a low-precision kernel accumulates (both operands are
+stored values, so every product is exact in float32; a sum of float32 and
+one of float64 round to the same stored value unless within about 1e-6 of
+a rounding boundary, and it halves the time of the largest part of a CPU
+pass). It is a second, independent low-precision computation of the
 model: the harness measures a bf16/fp16 engine's noise against it
 (harness/verdict/noise_floor.py). The float64 model stores exactly (no
 rounding at all).
@@ -190,13 +195,13 @@ class DenseLlama:
         rows), as the layer-streamed oracle does (reference/streamed.py)."""
         part = object.__new__(cls)
         part.config, part.device, part.w, part.stored_w = config, torch.device(device), {}, {}
-        part.store, part.probs_store = exact, None
+        part.store, part.probs_store, part.summed_w = exact, None, {}
         return part
 
     def hold(self, weights: dict[str, Tensor]) -> None:
         """Compute with these float64 tensors from now on (a part's weights; any rounded copies dropped)."""
         self.w = weights
-        self.stored_w = {}
+        self.stored_w, self.summed_w = {}, {}
 
     def rounded(self, dtype: torch.dtype, probabilities: bool = False) -> "DenseLlama":
         """This model (its float64 weights shared, not copied) storing every
@@ -208,6 +213,7 @@ class DenseLlama:
         other.store = rounding_to(dtype)
         other.probs_store = other.store if probabilities else None
         other.stored_w = {}   # each weight rounded once (held as _weight says)
+        other.summed_w = {}   # the matmuls' weights as float32 (_summed)
         other.hold_wide = None
         return other
 
@@ -250,8 +256,27 @@ class DenseLlama:
 
     def _linear(self, x: Tensor, name: str, bias: bool = False) -> Tensor:
         """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out], stored."""
-        y = x @ self._weight(name + ".weight").T
+        y = self._matmul(x, name + ".weight")
         return self.store(y + self._weight(name + ".bias") if bias else y)
+
+    def _matmul(self, x: Tensor, name: str) -> Tensor:
+        """x [T, in] @ W[out, in]^T -> [T, out] float64: summed in float64, or in a rounded model in float32
+        (the module's docstring: x is a stored value and W a rounded one, each product exact in float32)."""
+        if self.store is exact:
+            return x @ self._weight(name).T
+        return (x.to(torch.float32) @ self._summed(name).T).to(DTYPE)
+
+    def _summed(self, name: str) -> Tensor:
+        """A rounded model's weight as float32 (exact: the dtype's values are float32 values), held once when
+        the float32 copies of every weight fit in half the device's free memory, else made at each use."""
+        if name in self.summed_w:
+            return self.summed_w[name]
+        w = self._weight(name).to(torch.float32)
+        if getattr(self, "hold_summed", None) is None:
+            self.hold_summed = _room_for(self._float64_bytes() // 2, self.device)
+        if self.hold_summed:
+            self.summed_w[name] = w
+        return w
 
     def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor,
                          past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -397,7 +422,7 @@ class DenseLlama:
 
     def unembed(self, normed: Tensor) -> Tensor:
         """Logits [T, V'] of normed rows [T, hidden] against the held lm_head.weight [V', hidden] (stored, capped)."""
-        return soft_cap(self.store(normed @ self._weight("lm_head.weight").T), self.config.final_logit_softcap)
+        return soft_cap(self.store(self._matmul(normed, "lm_head.weight")), self.config.final_logit_softcap)
 
     def head(self, h: Tensor) -> Tensor:
         """Logits [T, V] of the residual stream [T, hidden]: final norm, output projection, soft cap."""
