@@ -4,16 +4,26 @@ after the oracle judged a step in one pass (issue 22 point 3).
     PYTHONPATH=. .venv/bin/python benchmarks/oracle_speed.py [--model smollm2-135m] [--dtype bfloat16]
         [--settings 16:1:1,32:4:4] [--max-new-tokens 16] [--device cpu] [--out benchmarks/results/oracle-speed-cpu.json]
         [--drafter noisy] [--cuda-graph] [--prompt-lens 640,900]   (benchmarks/oracle_speed_gpu.sh: the 8B shape)
+        [--modes before,every-twin,after] [--repeat 3] [--oracle-threads 1]
 
-Each setting (budget:topk:batch) runs the whole differential check twice on
-one loading of the model, the oracle's state emptied before each run:
+Each setting (budget:topk:batch) runs the whole differential check once per
+mode (--repeat times, interleaved; the table gives each mode's median ratio)
+on one loading of the model, the oracle's state emptied before each run:
 
 * before: the oracle as it was, re-created by switching the new paths off:
   no prepare_step (each request judged on its own call), one forward per
   leaf path behind the prefix cache (reference/oracle.py _tree_logits),
   the rounded yardstick's weights widened from bf16 at every use, and the
   stream check's greedy recomputing every position;
+* every-twin: the noise-floor verdict's yardsticks as they were before the
+  twin was computed only where it can change a verdict: the causal twin of
+  every node (Prepared.every_twin) and the rounded yardstick's matmuls
+  summed in float64 (reference/model.py sums them in float32 now);
 * after: the code as it is.
+
+--oracle-threads fixes the float64 oracle's threads (the check's own choice,
+oracle_thread_count: the cores other processes leave idle, is the default;
+1 puts both sides on one core each: a ratio of CPU time).
 
 The figures are the run summary's own (engine and oracle seconds per step,
 the stream check's seconds), so they carry whatever else the check does
@@ -24,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -33,6 +45,7 @@ from pathlib import Path
 import torch
 
 import reference.model as ref_model
+from harness.check import differential
 from harness.check.differential import check
 from harness.check.prepare import build, load
 from harness.check.records import RecordWriter
@@ -64,13 +77,27 @@ def before(oracle):
         del oracle.prepare_step, oracle._judge
 
 
+@contextmanager
+def every_twin():
+    """The rounded yardstick's matmuls summed in float64 again, undone on exit (the twins: Prepared.every_twin)."""
+    narrow = ref_model.DenseLlama._matmul
+    ref_model.DenseLlama._matmul = lambda self, x, name: x @ self._weight(name).T
+    try:
+        yield
+    finally:
+        ref_model.DenseLlama._matmul = narrow
+
+
 def one_run(s: RunSettings, loaded, mode: str) -> dict:
     fresh(loaded.oracle)
     p = build(s, loaded)
     t0 = time.perf_counter()
     if mode == "before":
-        with before(loaded.oracle):
-            summary = check(p, RecordWriter(None), localize=False)
+        with before(loaded.oracle), every_twin():
+            summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
+    elif mode == "every-twin":
+        with every_twin():
+            summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
     else:
         summary = check(p, RecordWriter(None), localize=False)
     wall = time.perf_counter() - t0
@@ -78,6 +105,7 @@ def one_run(s: RunSettings, loaded, mode: str) -> dict:
     return dict(budget=s.budget, topk=s.topk, batch=s.batch, mode=mode, steps=summary.steps,
                 nodes=summary.nodes_checked, engine_s_per_step=e, oracle_s_per_step=o,
                 ratio=(o / e) if e else None, streams_s=summary.streams_s, wall_s=wall,
+                twin_nodes=summary.twin_nodes, max_noise_ratio=summary.max_noise_ratio,
                 verdict="PASS" if summary.passed else "FAIL", max_rel_err=summary.max_rel_err,
                 first=None if summary.first is None else summary.first.what)
 
@@ -107,6 +135,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def medians(rows: list[dict]) -> str:
+    """Per setting and mode: the median of its runs' oracle/engine ratios, and their range."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["ratio"] is not None:
+            groups.setdefault((r["budget"], r["topk"], r["batch"], r["mode"]), []).append(r["ratio"])
+    lines = ["| budget | topk | batch | mode | runs | median oracle/engine | range |", "|" + " --- |" * 7]
+    for (b, k, n, mode), xs in groups.items():
+        lines.append(f"| {b} | {k} | {n} | {mode} | {len(xs)} | {statistics.median(xs):.2f}x | "
+                     f"{min(xs):.2f}-{max(xs):.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -115,7 +156,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--settings", default="16:1:1,32:4:4")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--modes", default="before,after")
+    ap.add_argument("--modes", default="before,after", help="comma list of before, every-twin, after")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each mode per setting, interleaved")
+    ap.add_argument("--oracle-threads", type=int, default=None,
+                    help="the float64 oracle's threads (default: the check's choice, the cores left idle)")
     ap.add_argument("--drafter", default="auto", help="noisy for a random checkpoint (the seeded stand-in)")
     ap.add_argument("--cuda-graph", action="store_true")
     ap.add_argument("--prompt-lens", default="", help="comma list of prompt lengths (--prompt-len), e.g. 640,900")
@@ -124,9 +168,12 @@ def main() -> None:
     settings, modes = parse_settings(a.settings), a.modes.split(",")
     torch.set_num_threads(1)   # the engine's threads as the CLI sets them (the check gives a checkpoint's oracle
     #                            every core)
-    if not set(modes) <= {"before", "after"}:
-        print("--modes takes before and/or after", file=sys.stderr)
+    if not set(modes) <= {"before", "every-twin", "after"} or a.repeat < 1 or (a.oracle_threads or 1) < 1:
+        print("--modes takes before, every-twin and/or after; --repeat and --oracle-threads at least 1",
+              file=sys.stderr)
         sys.exit(2)
+    if a.oracle_threads:
+        differential.oracle_thread_count = lambda model, device: a.oracle_threads
     lens = tuple(int(x) for x in a.prompt_lens.split(",") if x.strip()) or None
     base = RunSettings(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, oracle_device=a.device,
                        max_new_tokens=a.max_new_tokens, drafter=a.drafter, cuda_graph=a.cuda_graph, prompt_lens=lens)
@@ -135,15 +182,19 @@ def main() -> None:
     meta = dict(model=a.model, dtype=a.dtype, backend=a.backend, device=a.device, max_new_tokens=a.max_new_tokens,
                 cuda_graph=a.cuda_graph, prompt_lens=lens, drafter=a.drafter,
                 gpu=torch.cuda.get_device_name() if a.device.startswith("cuda") else None,
-                command=" ".join(sys.argv), note="before/after interleaved on one loading; summary figures")
+                command=" ".join(sys.argv), note="modes interleaved on one loading; summary figures",
+                oracle_threads=a.oracle_threads or "idle cores (oracle_thread_count)", engine_threads=1,
+                cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     for budget, topk, batch in settings:
         s = replace(base, budget=budget, topk=topk, batch=batch)
-        for mode in modes:
-            rows.append(one_run(s, loaded, mode))
-            print(table(rows[-1:]).splitlines()[-1], flush=True)
-            a.out.parent.mkdir(parents=True, exist_ok=True)
-            a.out.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
+        for _ in range(a.repeat):
+            for mode in modes:
+                rows.append(dict(one_run(s, loaded, mode), load_avg=os.getloadavg()[0]))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+                a.out.parent.mkdir(parents=True, exist_ok=True)
+                a.out.write_text(json.dumps(dict(meta, rows=rows), indent=1) + "\n")
     print(table(rows))
+    print(medians(rows))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def print_summary(console: Console, summary: CheckSummary, path: Path) -> None:
         t.add_row("non-finite padding rows", f"[red]{summary.nonfinite_padding_rows}[/] (NaN or inf: a divergence)")
     if summary.verdict_rule == "noise-floor":
         r = summary.noise_rule
-        t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; twins {summary.max_twin_err or 0:.2e}")
+        twins = (f"twins {summary.max_twin_err:.2e} ({summary.twin_nodes} of {summary.nodes_checked} nodes "
+                 "needed one)" if summary.twin_nodes else "no node needed its twin")
+        t.add_row("max rel. error", f"{summary.max_rel_err:.2e}; {twins}")
         t.add_row("noise ratio", f"max {summary.max_noise_ratio or 0:.2f} (diverge above {r['multiplier']:g} x "
                                  f"max(twin, {r['floor']:.1e}), or above {r['ceiling']:g})")
         if summary.noise_excess:
