@@ -31,7 +31,8 @@ even); everything between two stores (sums, softmax, RoPE's cos/sin) stays
 float64, except the sums of the projections' and the output projection's
 matmuls: float32, as a low-precision kernel accumulates (both operands are
 stored values, so every product is exact in float32; it halves the time of
-the largest part of a CPU pass). A float32 sum and a float64 one round to
+the largest part of a CPU pass; float64 sums where the float32 weights do
+not fit beside the float64 ones). A float32 sum and a float64 one round to
 another stored value only near a rounding boundary (about 1 element in
 7000 of a SmolLM2-135M projection), but through 30 layers such flips make
 the node's rounded error another draw of the same noise, not the same
@@ -218,7 +219,7 @@ class DenseLlama:
         other.probs_store = other.store if probabilities else None
         other.stored_w = {}   # each weight rounded once (held as _weight says)
         other.summed_w = {}   # the matmuls' weights as float32 (_summed)
-        other.hold_wide = None
+        other.hold_wide = other.hold_summed = None
         return other
 
     def _weight(self, name: str) -> Tensor:
@@ -265,22 +266,24 @@ class DenseLlama:
 
     def _matmul(self, x: Tensor, name: str) -> Tensor:
         """x [T, in] @ W[out, in]^T -> [T, out] float64: summed in float64, or in a rounded model in float32
-        (the module's docstring: x is a stored value and W a rounded one, each product exact in float32)."""
-        if self.store is exact:
+        where its float32 weights are held (the module's docstring: x is a stored value and W a rounded one,
+        each product exact in float32)."""
+        narrow = None if self.store is exact else self._summed(name)
+        if narrow is None:
             return x @ self._weight(name).T
-        return (x.to(torch.float32) @ self._summed(name).T).to(DTYPE)
+        return (x.to(torch.float32) @ narrow.T).to(DTYPE)
 
-    def _summed(self, name: str) -> Tensor:
-        """A rounded model's weight as float32 (exact: the dtype's values are float32 values), held once when
-        the float32 copies of every weight fit in half the device's free memory, else made at each use."""
-        if name in self.summed_w:
-            return self.summed_w[name]
-        w = self._weight(name).to(torch.float32)
+    def _summed(self, name: str) -> Tensor | None:
+        """A rounded model's weight as float32 (exact: the dtype's values are float32 values), held once, when
+        the float32 copies of every weight fit in half the device's free memory; else None (the sums stay
+        float64: widening at every use would cost more than it saves)."""
         if getattr(self, "hold_summed", None) is None:
             self.hold_summed = _room_for(self._float64_bytes() // 2, self.device)
-        if self.hold_summed:
-            self.summed_w[name] = w
-        return w
+        if not self.hold_summed:
+            return None
+        if name not in self.summed_w:
+            self.summed_w[name] = self._weight(name).to(torch.float32)
+        return self.summed_w[name]
 
     def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor,
                          past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:

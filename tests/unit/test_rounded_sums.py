@@ -1,6 +1,6 @@
-"""The oracle's rounded yardstick sums its matmuls in float32 (reference/model.py): its operands are values of the
-rounded dtype, so every product is exact and only the sum's rounding differs from a float64 sum, far under one
-step of the dtype. The float64 model sums in float64."""
+"""The oracle's rounded yardstick sums its matmuls in float32 where its float32 weights fit (reference/model.py):
+its operands are values of the rounded dtype, so every product is exact and only the sum's rounding differs from a
+float64 sum, far under one step of the dtype on a 2-layer model. The float64 model sums in float64."""
 from __future__ import annotations
 
 import torch
@@ -38,3 +38,14 @@ def test_float32_sums_leave_the_rounded_logits_within_a_step_of_the_float64_sums
     assert ((summed32 - summed64).abs().amax(-1) <= 2 * step).all()
     e32, e64 = ((x - exact).abs().amax(-1) / scale for x in (summed32, summed64))
     assert (e32 > 0).all() and ((e32 - e64).abs() <= 0.25 * e64).all()        # the yardstick's error as before
+
+
+def test_without_room_for_float32_weights_the_sums_stay_float64(monkeypatch):
+    """Widening a weight to float32 at every use would cost more than the float32 sum saves: where the copies do
+    not fit beside the float64 weights, a rounded model sums in float64 and holds no float32 copy."""
+    import reference.model as ref_model
+    monkeypatch.setattr(ref_model, "_room_for", lambda nbytes, device: False)
+    low = DenseLlama(CFG, random_weights(CFG)).rounded(torch.bfloat16)
+    x = low.store(torch.randn(3, CFG.hidden_size, dtype=torch.float64))
+    name = "model.layers.1.self_attn.o_proj.weight"
+    assert torch.equal(low._matmul(x, name), x @ low._weight(name).T) and low.summed_w == {}
