@@ -4,6 +4,7 @@ sequence of the step's one forward) and asks the model for the judged rows' logi
 logit_rows). Its values against each node's own causal extend: tests/unit/test_oracle_step_bulk.py."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.check.causal_twin import FIRST_SLOT, MERGE_UP_TO, CausalTwin
@@ -28,8 +29,9 @@ def test_logit_rows_are_those_rows_of_the_whole_forward():
     assert forward(logit_rows=torch.zeros(0, dtype=torch.int64)).shape == (0, full.shape[1])
 
 
-def _twin(p, **kw) -> CausalTwin:
-    return CausalTwin(p.engine.model, p.engine.kernel, "cpu", p.engine.max_context + p.engine.q_len, **kw)
+def _twin(p, max_context: int | None = None, **kw) -> CausalTwin:
+    room = p.engine.max_context + p.engine.q_len if max_context is None else max_context
+    return CausalTwin(p.engine.model, p.engine.kernel, "cpu", room, **kw)
 
 
 def test_the_prefix_is_extended_not_prefilled_again_and_few_new_tokens_cost_no_forward_of_their_own(monkeypatch):
@@ -68,13 +70,16 @@ def test_the_prefix_is_extended_not_prefilled_again_and_few_new_tokens_cost_no_f
     assert len(seen) == 2 and all(n > len(p.prompt_ids[0]) for n in seen.values()) and merges >= 4
 
 
-def test_merged_calls_give_the_separate_extends_logits_and_keep_its_prefix():
+@pytest.mark.parametrize("model", ["tiny", "tiny-deepseek-v3"])   # MLA: one latent per slot, V a view of K
+def test_merged_calls_give_the_separate_extends_logits_and_keep_its_prefix(model):
     """float32, several steps of a topk-4 batch-2 run: the one-forward twin's logits (every node, and a subset
     asked first) equal those of the twin whose new tokens get a forward of their own, up to the rounding of
-    other batch shapes; and the K/V it keeps for the prefix equal theirs (later steps read them)."""
-    p = prepare(RunSettings(backend="torch", topk=4, budget=8, batch=2, max_new_tokens=10, dtype="float32",
-                            verdict="fixed"))
-    every, some, separate = _twin(p), _twin(p), _twin(p, merge_up_to=0)
+    other batch shapes; and the K/V it keeps for the prefix equal theirs (later steps read them). The one-forward
+    twins start from a small pool: each step grows it, keeping the prefix, before the merged forward."""
+    p = prepare(RunSettings(backend="torch", model=model, topk=4, budget=8, batch=2, max_new_tokens=10,
+                            dtype="float32", verdict="fixed"))
+    small = dict(max_context=8)
+    every, some, separate = _twin(p, **small), _twin(p, **small), _twin(p, merge_up_to=0)
     steps = 0
     for result in p.engine.rounds():
         steps += 1
