@@ -47,9 +47,9 @@ from harness.workflows.cases import prompts_for  # noqa: E402
 class PrefillTwin(CausalTwin):
     """The twin before issue 22: the whole prefix prefilled every step, every row's logits, copied to the host."""
 
-    def _extend(self, prefix, room):
-        self.prefixes = []
-        return super()._extend(prefix, room)
+    def _kept(self, prefix, room):
+        self.prefixes = []   # no prefix kept: a forward of the whole prefix each call
+        return super()._kept(prefix, room)
 
     def _forward(self, ids, positions, meta, pool, rows):
         tokens, pos = torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device)

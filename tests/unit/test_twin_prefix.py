@@ -1,12 +1,13 @@
 """The causal twin keeps each request's committed prefix between steps (a step extends it by the tokens
-committed since, never a prefill of the whole prefix again) and asks the model for the judged rows' logits
-only (LlamaModel.forward's logit_rows). Its values against each node's own causal extend:
-tests/unit/test_oracle_step_bulk.py."""
+committed since, never a prefill of the whole prefix again; a few such tokens ride in front of every path
+sequence of the step's one forward) and asks the model for the judged rows' logits only (LlamaModel.forward's
+logit_rows). Its values against each node's own causal extend: tests/unit/test_oracle_step_bulk.py."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from harness.check.causal_twin import CausalTwin
+from harness.check.causal_twin import FIRST_SLOT, MERGE_UP_TO, CausalTwin
 from harness.check.prepare import prepare
 from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.mem.pool import KVPool
@@ -28,9 +29,16 @@ def test_logit_rows_are_those_rows_of_the_whole_forward():
     assert forward(logit_rows=torch.zeros(0, dtype=torch.int64)).shape == (0, full.shape[1])
 
 
-def test_the_prefix_is_extended_not_prefilled_again(monkeypatch):
+def _twin(p, max_context: int | None = None, **kw) -> CausalTwin:
+    room = p.engine.max_context + p.engine.q_len if max_context is None else max_context
+    return CausalTwin(p.engine.model, p.engine.kernel, "cpu", room, **kw)
+
+
+def test_the_prefix_is_extended_not_prefilled_again_and_few_new_tokens_cost_no_forward_of_their_own(monkeypatch):
+    """First call: the prompt's extend, then the paths. Later calls: one forward, each path sequence led by the
+    tokens committed since (merge_up_to=0: those get a forward of their own, as a long run of them does)."""
     p = prepare(RunSettings(backend="torch", topk=2, budget=8, batch=2, max_new_tokens=12, verdict="fixed"))
-    twin = CausalTwin(p.engine.model, p.engine.kernel, "cpu", p.engine.max_context + p.engine.q_len)
+    merged, separate = _twin(p), _twin(p, merge_up_to=0)
     calls: list[tuple[int, int]] = []   # (tokens in, logit rows out) of each forward the twin asks for
     forward = p.engine.model.forward
 
@@ -40,16 +48,60 @@ def test_the_prefix_is_extended_not_prefilled_again(monkeypatch):
         return out
     monkeypatch.setattr(p.engine.model, "forward", counted)
     seen: dict[int, int] = {}   # request -> its prefix length last step
+    merges = 0
     for result in p.engine.rounds():
         for rs in result.requests:
+            tree, n = rs.tree, rs.tree.num_rows
+            leaves = [i for i in range(n) if i not in {int(x) for x in tree.parents[1:n]}]
+            chains = sum(len(tree.ancestors(i)) for i in leaves)
+            since = len(rs.prefix) - seen.get(rs.rid, 0)
             calls.clear()
-            got = twin.tree_logits(rs.prefix, rs.tree)
-            assert got.shape[0] == rs.tree.num_rows
-            (prefix_in, prefix_rows), (_, tree_rows) = calls
-            assert prefix_in == len(rs.prefix) - seen.get(rs.rid, 0) and prefix_rows == 0
-            assert tree_rows == rs.tree.num_rows
+            assert merged.tree_logits(rs.prefix, tree).shape[0] == n
+            if rs.rid in seen:
+                assert 0 < since <= MERGE_UP_TO
+                assert calls == [(len(leaves) * since + chains, n)]   # every leaf's path led by the new tokens
+                merges += 1
+            else:
+                assert calls == [(len(rs.prefix), 0), (chains, n)]    # the prompt: K/V only, then the paths
+            calls.clear()
+            assert separate.tree_logits(rs.prefix, tree).shape[0] == n
+            assert calls == [(since, 0), (chains, n)]
             seen[rs.rid] = len(rs.prefix)
-    assert len(seen) == 2 and all(n > len(p.prompt_ids[0]) for n in seen.values())
+    assert len(seen) == 2 and all(n > len(p.prompt_ids[0]) for n in seen.values()) and merges >= 4
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-deepseek-v3"])   # MLA: one latent per slot, V a view of K
+def test_merged_calls_give_the_separate_extends_logits_and_keep_its_prefix(model):
+    """float32, several steps of a topk-4 batch-2 run: the one-forward twin's logits (every node, and a subset
+    asked first) equal those of the twin whose new tokens get a forward of their own, up to the rounding of
+    other batch shapes; and the K/V it keeps for the prefix equal theirs (later steps read them). The one-forward
+    twins start from a small pool: each step grows it, keeping the prefix, before the merged forward."""
+    p = prepare(RunSettings(backend="torch", model=model, topk=4, budget=8, batch=2, max_new_tokens=10,
+                            dtype="float32", verdict="fixed"))
+    small = dict(max_context=8)
+    every, some, separate = _twin(p, **small), _twin(p, **small), _twin(p, merge_up_to=0)
+    steps = 0
+    for result in p.engine.rounds():
+        steps += 1
+        for rs in result.requests:
+            tree = rs.tree
+            want = separate.tree_logits(rs.prefix, tree)                        # [num_rows, vocab]
+            assert torch.allclose(every.tree_logits(rs.prefix, tree), want, rtol=0, atol=1e-4), (rs.step, rs.rid)
+            asked = list(range(tree.num_rows - 1, 0, -2))                       # some nodes, deepest first
+            assert torch.allclose(some.tree_logits(rs.prefix, tree, asked), want[asked], rtol=0, atol=1e-4)
+            for twin in (every, some):
+                kept, ref = _kept(twin, rs.prefix), _kept(separate, rs.prefix)
+                end = FIRST_SLOT + len(rs.prefix)
+                for k, v, rk, rv in zip(kept.pool.k_buffer, kept.pool.v_buffer, ref.pool.k_buffer, ref.pool.v_buffer):
+                    assert torch.allclose(k[:end], rk[:end], rtol=0, atol=1e-4), (rs.step, rs.rid)
+                    assert torch.allclose(v[:end], rv[:end], rtol=0, atol=1e-4), (rs.step, rs.rid)
+    assert steps >= 4
+
+
+def _kept(twin: CausalTwin, prefix):
+    """The twin's kept prefix for `prefix`: it must be the whole prefix."""
+    (kept,) = [c for c in twin.prefixes if c.tokens == tuple(prefix)]
+    return kept
 
 
 def test_some_nodes_cost_only_their_paths_and_equal_those_rows_of_every_node():
