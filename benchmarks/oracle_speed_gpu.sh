@@ -9,7 +9,8 @@
 #   LAYERS=8 PY=.venv/bin/python OUT=benchmarks/results bash benchmarks/oracle_speed_gpu.sh
 # SETTING_GROUPS: space-separated processes, each a comma list of budget:topk:batch run on one loading (default: the
 # two settings above); MATRIX=default: the gate's general matrix (budget 4/8/16/32 x topk 1/2/4 x batch 1/4,
-# graphs on), one process per budget. MODES: before,after (default) or after alone.
+# graphs on), one process per budget. MODES: a comma list of before, every-twin and after (default before,after);
+# REPEAT: runs of each mode per setting, interleaved (default 1).
 #   MATRIX=default MODES=after BUDGETS="4 8" bash benchmarks/oracle_speed_gpu.sh
 set -u
 PY=${PY:-.venv/bin/python}
@@ -42,6 +43,6 @@ for setting in $SETTING_GROUPS; do
   start=$SECONDS
   PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} timeout "$LIMIT" "$PY" benchmarks/oracle_speed.py --model "$CKPT" --device cuda \
     --backend sglang-triton --cuda-graph --drafter noisy --prompt-lens 640,900 --settings "$setting" --modes "$MODES" \
-    --max-new-tokens "$TOKENS" --out "$OUT/oracle-speed-gpu-${LAYERS}l-$tag.json" 2>&1 | tail -n 20 | tee -a "$LOG"
+    --max-new-tokens "$TOKENS" --repeat "${REPEAT:-1}" --out "$OUT/oracle-speed-gpu-${LAYERS}l-$tag.json" 2>&1 | tail -n 20 | tee -a "$LOG"
   echo "exit ${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$LOG"
 done
