@@ -62,10 +62,11 @@ class CausalTwin:
     def __init__(self, model: LlamaModel, backend: AttentionBackend, device: str, max_context: int,
                  threads: int | None = None, merge_up_to: int = MERGE_UP_TO) -> None:
         """merge_up_to: the most tokens committed since the kept prefix that ride in front of every path
-        sequence (MERGE_UP_TO; 0: always a forward of their own). threads: torch's intra-op threads while the twin computes (None: whatever the caller has set). The
-        twin is the engine's computation and runs on the engine's threads (prepare.py twin_for), not on the
-        float64 oracle's around it: its per-sequence attention is many small ops, and on shared cores each
-        parallel region of one waits for a descheduled thread (check/step_clock.py idle_cores)."""
+        sequence (MERGE_UP_TO; 0: always a forward of their own). threads: torch's intra-op threads while the
+        twin computes (None: whatever the caller has set). The twin is the engine's computation and runs on
+        the engine's threads (prepare.py twin_for), not on the float64 oracle's around it: its per-sequence
+        attention is many small ops, and on shared cores each parallel region of one waits for a descheduled
+        thread (check/step_clock.py idle_cores)."""
         self.model, self.backend, self.device = model, backend, device
         self.max_context = max_context
         self.threads = threads
