@@ -15,10 +15,8 @@ on one loading of the model, the oracle's state emptied before each run:
   leaf path behind the prefix cache (reference/oracle.py _tree_logits),
   the rounded yardstick's weights widened from bf16 at every use, and the
   stream check's greedy recomputing every position;
-* every-twin: the noise-floor verdict's yardsticks as they were before the
-  twin was computed only where it can change a verdict: the causal twin of
-  every node (Prepared.every_twin) and the rounded yardstick's matmuls
-  summed in float64 (reference/model.py sums them in float32 now);
+* every-twin: the causal twin of every node (Prepared.every_twin), as before
+  it was computed only for the nodes whose verdict it can change;
 * after: the code as it is.
 
 --oracle-threads fixes the float64 oracle's threads (the check's own choice,
@@ -77,27 +75,15 @@ def before(oracle):
         del oracle.prepare_step, oracle._judge
 
 
-@contextmanager
-def every_twin():
-    """The rounded yardstick's matmuls summed in float64 again, undone on exit (the twins: Prepared.every_twin)."""
-    narrow = ref_model.DenseLlama._matmul
-    ref_model.DenseLlama._matmul = lambda self, x, name: x @ self._weight(name).T
-    try:
-        yield
-    finally:
-        ref_model.DenseLlama._matmul = narrow
-
-
 def one_run(s: RunSettings, loaded, mode: str) -> dict:
     fresh(loaded.oracle)
     p = build(s, loaded)
     t0 = time.perf_counter()
     if mode == "before":
-        with before(loaded.oracle), every_twin():
+        with before(loaded.oracle):
             summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
     elif mode == "every-twin":
-        with every_twin():
-            summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
+        summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
     else:
         summary = check(p, RecordWriter(None), localize=False)
     wall = time.perf_counter() - t0

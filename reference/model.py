@@ -28,17 +28,7 @@ to memory (embedding rows, norm outputs, every projection's output, q and k
 after RoPE, the attention output, the residual stream after each add, the
 MLP's inner product, the logits) is rounded to `dtype` (round to nearest
 even); everything between two stores (sums, softmax, RoPE's cos/sin) stays
-float64, except the sums of the projections' and the output projection's
-matmuls: float32, as a low-precision kernel accumulates (both operands are
-stored values, so every product is exact in float32; it halves the time of
-the largest part of a CPU pass; float64 sums where the float32 weights do
-not fit beside the float64 ones). A float32 sum and a float64 one round to
-another stored value only near a rounding boundary (about 1 element in
-7000 of a SmolLM2-135M projection), but through 30 layers such flips make
-the node's rounded error another draw of the same noise, not the same
-number: node by node up to about 2x apart, no shift of their median, the
-same verdicts (benchmarks/yardstick_agreement.py). It is a second,
-independent low-precision computation of the
+float64. It is a second, independent low-precision computation of the
 model: the harness measures a bf16/fp16 engine's noise against it
 (harness/verdict/noise_floor.py). The float64 model stores exactly (no
 rounding at all).
@@ -200,13 +190,13 @@ class DenseLlama:
         rows), as the layer-streamed oracle does (reference/streamed.py)."""
         part = object.__new__(cls)
         part.config, part.device, part.w, part.stored_w = config, torch.device(device), {}, {}
-        part.store, part.probs_store, part.summed_w = exact, None, {}
+        part.store, part.probs_store = exact, None
         return part
 
     def hold(self, weights: dict[str, Tensor]) -> None:
         """Compute with these float64 tensors from now on (a part's weights; any rounded copies dropped)."""
         self.w = weights
-        self.stored_w, self.summed_w = {}, {}
+        self.stored_w = {}
 
     def rounded(self, dtype: torch.dtype, probabilities: bool = False) -> "DenseLlama":
         """This model (its float64 weights shared, not copied) storing every
@@ -218,8 +208,7 @@ class DenseLlama:
         other.store = rounding_to(dtype)
         other.probs_store = other.store if probabilities else None
         other.stored_w = {}   # each weight rounded once (held as _weight says)
-        other.summed_w = {}   # the matmuls' weights as float32 (_summed)
-        other.hold_wide = other.hold_summed = None
+        other.hold_wide = None
         return other
 
     def _weight(self, name: str) -> Tensor:
@@ -261,29 +250,8 @@ class DenseLlama:
 
     def _linear(self, x: Tensor, name: str, bias: bool = False) -> Tensor:
         """x [T, in] @ W[out, in]^T (+ b[out]) -> [T, out], stored."""
-        y = self._matmul(x, name + ".weight")
+        y = x @ self._weight(name + ".weight").T
         return self.store(y + self._weight(name + ".bias") if bias else y)
-
-    def _matmul(self, x: Tensor, name: str) -> Tensor:
-        """x [T, in] @ W[out, in]^T -> [T, out] float64: summed in float64, or in a rounded model in float32
-        where its float32 weights are held (the module's docstring: x is a stored value and W a rounded one,
-        each product exact in float32)."""
-        narrow = None if self.store is exact else self._summed(name)
-        if narrow is None:
-            return x @ self._weight(name).T
-        return (x.to(torch.float32) @ narrow.T).to(DTYPE)
-
-    def _summed(self, name: str) -> Tensor | None:
-        """A rounded model's weight as float32 (exact: the dtype's values are float32 values), held once, when
-        the float32 copies of every weight fit in half the device's free memory; else None (the sums stay
-        float64: widening at every use would cost more than it saves)."""
-        if getattr(self, "hold_summed", None) is None:
-            self.hold_summed = _room_for(self._float64_bytes() // 2, self.device)
-        if not self.hold_summed:
-            return None
-        if name not in self.summed_w:
-            self.summed_w[name] = self._weight(name).to(torch.float32)
-        return self.summed_w[name]
 
     def _attention_block(self, layer: int, x: Tensor, cos: Tensor, sin: Tensor, visible: Tensor,
                          past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -429,7 +397,7 @@ class DenseLlama:
 
     def unembed(self, normed: Tensor) -> Tensor:
         """Logits [T, V'] of normed rows [T, hidden] against the held lm_head.weight [V', hidden] (stored, capped)."""
-        return soft_cap(self.store(self._matmul(normed, "lm_head.weight")), self.config.final_logit_softcap)
+        return soft_cap(self.store(normed @ self._weight("lm_head.weight").T), self.config.final_logit_softcap)
 
     def head(self, h: Tensor) -> Tensor:
         """Logits [T, V] of the residual stream [T, hidden]: final norm, output projection, soft cap."""
