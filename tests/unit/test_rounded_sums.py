@@ -1,9 +1,9 @@
 """The oracle's rounded yardstick sums its matmuls in float64, as the noise-floor rule was fit to.
 
 Summing them in float32 (each product of two stored values is exact there) was tried to halve the CPU cost of
-the rounded pass: on SmolLM2-135M in bf16 it made the rounded error about 4% larger at the median (a float32 sum
-adds its own rounding to the stored values'), and the one-key leaks near the bound were caught on 11 fewer nodes
-of 44 and one run of 12 not at all (benchmarks/README.md, yardstick_agreement.py). The float64 model and the
+the rounded pass: on SmolLM2-135M in bf16 it made the rounded error about 5% larger at the median (a float32 sum
+adds its own rounding to the stored values'), and the one-key leaks near the bound were caught on 38 nodes
+against 46, one run of 12 not at all (benchmarks/README.md, yardstick_agreement.py). The float64 model and the
 rounded one share every sum's arithmetic; only the stores differ."""
 from __future__ import annotations
 
