@@ -16,6 +16,10 @@ e = max |logits - oracle| / max |oracle| (compare/metrics.py), of:
              reference model with every stored tensor rounded to the run's
              dtype (reference/model.py, DenseOracle.rounded_tree_logits).
              It shares no code with the engine.
+e_rounded is computed for every node; e_twin only where it can change one
+of the tests below (NoiseFloorRule.needs_twin: a missing twin leaves the
+bound at its lowest and the ratio at its highest, so a node those clear is
+decided without it).
 
 1. Per node (a leak into one row: one key seen or lost):
 
