@@ -36,7 +36,7 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from harness.check import differential
 from harness.check.differential import check
 from harness.check.prepare import build, load
 from harness.check.records import RecordWriter
+from harness.check.step_clock import machine_cores
 from harness.engine.settings import RunSettings
 from reference.judged import GreedyMemo, StepAnswers
 from reference.oracle import _tree_logits
@@ -79,13 +80,8 @@ def one_run(s: RunSettings, loaded, mode: str) -> dict:
     fresh(loaded.oracle)
     p = build(s, loaded)
     t0 = time.perf_counter()
-    if mode == "before":
-        with before(loaded.oracle):
-            summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
-    elif mode == "every-twin":
-        summary = check(replace(p, every_twin=True), RecordWriter(None), localize=False)
-    else:
-        summary = check(p, RecordWriter(None), localize=False)
+    with before(loaded.oracle) if mode == "before" else nullcontext():
+        summary = check(replace(p, every_twin=mode != "after"), RecordWriter(None), localize=False)
     wall = time.perf_counter() - t0
     e, o = summary.engine_s_per_step, summary.oracle_s_per_step
     return dict(budget=s.budget, topk=s.topk, batch=s.batch, mode=mode, steps=summary.steps,
@@ -170,7 +166,7 @@ def main() -> None:
                 gpu=torch.cuda.get_device_name() if a.device.startswith("cuda") else None,
                 command=" ".join(sys.argv), note="modes interleaved on one loading; summary figures",
                 oracle_threads=a.oracle_threads or "idle cores (oracle_thread_count)", engine_threads=1,
-                cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+                cpus=machine_cores())
     for budget, topk, batch in settings:
         s = replace(base, budget=budget, topk=topk, batch=batch)
         for _ in range(a.repeat):

@@ -111,7 +111,7 @@ def test_some_nodes_cost_only_their_paths_and_equal_those_rows_of_every_node():
     p = prepare(RunSettings(backend="torch", topk=4, budget=8, max_new_tokens=4, dtype="float32", verdict="fixed"))
     rs = next(iter(p.engine.rounds())).requests[0]
     tree = rs.tree
-    twin = CausalTwin(p.engine.model, p.engine.kernel, "cpu", p.engine.max_context + p.engine.q_len)
+    twin = _twin(p)
     every = twin.tree_logits(rs.prefix, tree)                                # [num_rows, vocab]
     parents = {int(x) for x in tree.parents[1:tree.num_rows]}
     inner = next(i for i in range(1, tree.num_rows) if i in parents)          # a node with a child
