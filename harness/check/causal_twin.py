@@ -8,54 +8,68 @@ noise a correct low-precision computation of that node has; the noise-floor
 verdict (harness/verdict/noise_floor.py) judges the engine's node against it.
 
 As in the oracle, causality is used and nothing else: each request's
-committed prefix is kept between steps (its K/V in a pool of its own), never
-prefilled whole again (640-900 tokens of prompt). A step's twins are one
+committed prefix is kept between steps (its K/V in the twin's pool,
+check/twin_slots.py), never prefilled whole again (640-900 tokens of
+prompt). A step's twins, every request's at once (step_logits), are one
 extend batch with one sequence per path end (a leaf's root path, or an asked
-node on no other asked node's path), each reading the kept prefix's slots and
-writing its own; only the rows judged get logits (LlamaModel.forward's
-logit_rows: a node's second occurrence and every other row get none). The
-tokens committed since the kept prefix (a step's accepted tokens, at most
-MERGE_UP_TO of them) lead every sequence of that batch, at their own
-positions, causal, ahead of its chain: one forward per call. The first
-sequence writes their K/V to the kept prefix's continuation slots, which the
-prefix then keeps; the other sequences' copies and every chain go to scratch
-slots after them. A new prefix, or more tokens than that, is extended by a
-forward of its own first (repeating it per sequence would cost more than the
-second forward). A prefix extended in pieces, or a sequence carrying its last
-tokens, is the same causal computation as one prefilled at once, up to the
-low-precision kernel's rounding of another split. The twin
-is the engine's own model code on the causal path: a bug shared by
-that path (a RoPE or loader error) moves both and is left to the ceiling and
-to the fixed float32 runs.
+node on no other asked node's path), each reading its request's kept prefix
+and writing slots of its own; only the rows judged get logits
+(LlamaModel.forward's logit_rows: a node's second occurrence and every
+other row get none). The tokens committed since the kept prefix (a step's
+accepted tokens, at most MERGE_UP_TO of them) lead every sequence of their
+request, at their own positions, causal, ahead of its chain: one forward per
+step. The request's first sequence writes their K/V to slots the prefix then
+keeps; the other sequences' copies and every chain go to scratch slots,
+free again after the forward. A new prefix, or more tokens than that, is
+extended first, by one forward for every request that needs it (repeating
+them per sequence would cost more than the second forward). A prefix
+extended in pieces, or a sequence carrying its last tokens, is the same
+causal computation as one prefilled at once, up to the low-precision
+kernel's rounding of another split. The twin is the engine's own model code
+on the causal path: a bug shared by that path (a RoPE or loader error)
+moves both and is left to the ceiling and to the fixed float32 runs.
 
 
 Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from harness.check.step_clock import oracle_threads
+from harness.check.twin_slots import FIRST_SLOT, TwinSlots
 from harness.engine.attn.base import AttentionBackend
 from harness.engine.ddtree.tree import DraftTree
 from harness.engine.ddtree.verify_inputs import AttnMetadata
-from harness.engine.mem.pool import KVPool
 from harness.engine.model.llama import LlamaModel
 
-FIRST_SLOT = 1  # slot 0 stays the pool's padding slot, as in the engine's pool
-
+__all__ = ["CausalTwin", "FIRST_SLOT", "MAX_PREFIXES", "MERGE_UP_TO"]
 
 MAX_PREFIXES = 16   # committed prefixes kept (one per request of a batch; the least recently used goes first)
 # at most this many tokens committed since the kept prefix are computed in front of every path sequence of the
 # step's one forward; more get a forward of their own first (each sequence would repeat them)
 MERGE_UP_TO = 16
 
+Ask = tuple[Sequence[int], DraftTree, "list[int] | None"]   # (prefix, tree, nodes: None for every node)
+
 
 @dataclass
 class _Prefix:
-    tokens: tuple[int, ...]   # the prefix whose K/V the pool holds at slots FIRST_SLOT ..
-    pool: KVPool
+    tokens: tuple[int, ...]   # a committed prefix
+    slots: torch.Tensor       # [len(tokens)] int64: the pool slots of its K/V, in position order
+
+
+@dataclass
+class _Part:
+    """One request's share of a step's forward."""
+
+    prefix: tuple[int, ...]
+    tree: DraftTree
+    nodes: list[int]
+    kept: _Prefix | None      # this step's alone (a prefix two requests share is copied for the second)
+    chains: list[list[int]]   # root .. end, one sequence per path end
 
 
 class CausalTwin:
@@ -68,109 +82,126 @@ class CausalTwin:
         attention is many small ops, and on shared cores each parallel region of one waits for a descheduled
         thread (check/step_clock.py idle_cores)."""
         self.model, self.backend, self.device = model, backend, device
-        self.max_context = max_context
-        self.threads = threads
         self.merge_up_to = merge_up_to
+        self.threads = threads
+        self.slots = TwinSlots(model.cfg, model.dtype, device, max_context)
         self.prefixes: list[_Prefix] = []   # least recently used first
 
-    def tree_logits(self, prefix: tuple[int, ...], tree: DraftTree, nodes: list[int] | None = None) -> torch.Tensor:
+    def tree_logits(self, prefix: Sequence[int], tree: DraftTree, nodes: list[int] | None = None) -> torch.Tensor:
         """Twin logits [len(nodes), vocab] float32 on the twin's device, row j for tree node nodes[j] (default:
         every node, row i for node i). Only the paths to those nodes are computed."""
-        nodes = list(range(tree.num_rows)) if nodes is None else list(nodes)
+        return self.step_logits([(prefix, tree, nodes)])[0]
+
+    def step_logits(self, asks: Sequence[Ask]) -> list[torch.Tensor]:
+        """tree_logits of every (prefix, tree, nodes) of one step, in one forward (and one more first for the
+        prefixes new or far behind)."""
         if self.threads is None:
-            return self._tree_logits(prefix, tree, nodes)
+            return self._step_logits(asks)
         with oracle_threads(self.threads):
-            return self._tree_logits(prefix, tree, nodes)
+            return self._step_logits(asks)
 
-    def _tree_logits(self, prefix: tuple[int, ...], tree: DraftTree, nodes: list[int]) -> torch.Tensor:
-        if not nodes:
-            return torch.zeros(0, self.model.cfg.vocab_size, device=self.device)
-        prefix, p = tuple(prefix), len(prefix)
-        chains = [list(tree.ancestors(end)) for end in _path_ends(tree, nodes)]   # root .. end, one sequence each
-        lens = [len(c) for c in chains]
-        kept = self._kept(prefix, p + sum(lens))
-        c = len(kept.tokens)
-        # the tokens committed since ride in front of every chain (one forward) when the kept prefix is there to
-        # read and they are few; a new prefix, or many tokens, get a forward of their own (copies would cost more)
-        more = p - c if 0 < c and p - c <= self.merge_up_to else 0
-        self._room(kept, p + sum(lens) + (len(chains) - 1) * more, c)
-        if p > c and not more:
-            self._extend(kept, prefix)
-        read = p - more                     # every sequence reads the kept prefix's slots [0, read)
-        seq_lens = [more + n for n in lens]
-        starts = torch.tensor([0] + seq_lens, device=self.device).cumsum(0)    # [leaves + 1]
-        # slots from `read` on, in row order: the first sequence's `more` rows continue the kept prefix (its
-        # K/V are kept); the other sequences' copies and every chain are scratch
-        meta = AttnMetadata(
-            qo_indptr=starts,
-            kv_indptr=torch.arange(len(chains) + 1, device=self.device) * read,
-            kv_indices=_slots(0, read, self.device).repeat(len(chains)),
-            out_cache_loc=_slots(read, sum(seq_lens), self.device), custom_mask=None, mask_indptr=None,
-            max_len_extend=max(seq_lens))
-        ids = [t for chain in chains for t in list(prefix[read:]) + [tree.tokens[i] for i in chain]]
-        positions = [q for n in lens for q in list(range(read, p)) + [p + depth for depth in range(n)]]
-        first: dict[int, int] = {}   # node -> its first chain row in the batch (causality: the one of its own path)
-        flat = 0
-        for chain in chains:
-            flat += more             # a `more` row is never a node's
-            for node in chain:
-                first.setdefault(node, flat)
-                flat += 1
-        rows = torch.tensor([first[i] for i in nodes], device=self.device)   # [len(nodes)]
-        logits = self._forward(ids, positions, meta, kept.pool, rows)       # [len(nodes), vocab]
-        kept.tokens = prefix
-        return logits
+    def _step_logits(self, asks: Sequence[Ask]) -> list[torch.Tensor]:
+        parts = self._parts(asks)
+        self._extend([pt for pt in parts if pt.chains and not self._merges(pt)])
+        logits = self._paths([pt for pt in parts if pt.chains])
+        out = [logits.pop(0) if pt.chains else torch.zeros(0, self.model.cfg.vocab_size, device=self.device)
+               for pt in parts]
+        self._evict()
+        return out
 
-    def _kept(self, prefix: tuple[int, ...], room: int) -> _Prefix:
-        """The kept prefix that `prefix` extends (the longest), now the most recently used; when none is, a new
-        empty one whose pool has room for `room` slots."""
-        kept = max((c for c in self.prefixes if prefix[:len(c.tokens)] == c.tokens), key=lambda c: len(c.tokens),
-                   default=None)
-        if kept is None:
-            kept = _Prefix((), self._pool(room))
-            self.prefixes = self.prefixes[-(MAX_PREFIXES - 1):]
+    def _parts(self, asks: Sequence[Ask]) -> list[_Part]:
+        parts, taken = [], set()
+        for prefix, tree, nodes in asks:
+            nodes = list(range(tree.num_rows)) if nodes is None else list(nodes)
+            prefix = tuple(int(t) for t in prefix)
+            chains = [list(tree.ancestors(end)) for end in _path_ends(tree, nodes)]   # root .. end
+            kept = self._kept(prefix, taken) if chains else None   # nothing asked: nothing computed or kept
+            taken.add(id(kept))
+            parts.append(_Part(prefix, tree, nodes, kept, chains))
+        return parts
+
+    def _kept(self, prefix: tuple[int, ...], taken: set[int]) -> _Prefix:
+        """The kept prefix that `prefix` extends (the longest, one no other request of this step took first; a
+        copy when another did; an empty new one when none extends it), now the most recently used."""
+        kept = max((c for c in self.prefixes if prefix[:len(c.tokens)] == c.tokens),
+                   key=lambda c: (len(c.tokens), id(c) not in taken), default=None)
+        if kept is None or id(kept) in taken:
+            slots = torch.zeros(0, dtype=torch.int64, device=self.device)
+            kept = _Prefix(kept.tokens, self.slots.copy(kept.slots)) if kept is not None else _Prefix((), slots)
         else:
             self.prefixes.remove(kept)
         self.prefixes.append(kept)
         return kept
 
-    def _room(self, kept: _Prefix, room: int, keep: int) -> None:
-        """kept's pool with room for `room` slots, its first `keep` cached positions held."""
-        if FIRST_SLOT + room > kept.pool.k_buffer[0].shape[0]:   # a wide tree's chains can outgrow the context
-            kept.pool = self._grown(kept.pool, room, keep)
+    def _merges(self, pt: _Part) -> bool:
+        """Whether the tokens committed since pt's kept prefix ride in front of its sequences."""
+        since = len(pt.prefix) - len(pt.kept.tokens)
+        return since == 0 or (len(pt.kept.tokens) > 0 and since <= self.merge_up_to)
 
-    def _extend(self, kept: _Prefix, prefix: tuple[int, ...]) -> None:
-        """kept extended to `prefix` by a causal extend of the tokens committed since (K/V only: no logits)."""
-        c, p = len(kept.tokens), len(prefix)
-        meta = AttnMetadata(qo_indptr=torch.tensor([0, p - c], device=self.device),
-                            kv_indptr=torch.tensor([0, c], device=self.device),
-                            kv_indices=_slots(0, c, self.device), out_cache_loc=_slots(c, p - c, self.device),
-                            custom_mask=None, mask_indptr=None, max_len_extend=p - c)
-        self._forward(list(prefix[c:]), list(range(c, p)), meta, kept.pool,
+    def _extend(self, parts: list[_Part]) -> None:
+        """Each part's kept prefix extended to its prefix by one causal extend of all their new tokens (K/V
+        only: no logits)."""
+        if not parts:
+            return
+        seqs = [(pt.kept.slots, list(pt.prefix[len(pt.kept.tokens):]), [self.slots.alloc(len(pt.prefix) -
+                                                                                          len(pt.kept.tokens))])
+                for pt in parts]
+        self._forward(seqs, [list(range(len(pt.kept.tokens), len(pt.prefix))) for pt in parts],
                       torch.zeros(0, dtype=torch.int64, device=self.device))
-        kept.tokens = prefix
+        for pt, (_, _, (new,)) in zip(parts, seqs):
+            pt.kept.slots, pt.kept.tokens = torch.cat([pt.kept.slots, new]), pt.prefix
 
-    def _pool(self, room: int) -> KVPool:
-        return KVPool(self.model.cfg, FIRST_SLOT + max(room, self.max_context) + 1, self.model.dtype, self.device)
+    def _paths(self, parts: list[_Part]) -> list[torch.Tensor]:
+        """Every part's chains in one forward, each led by the tokens committed since its kept prefix: the
+        asked nodes' logits, per part; each kept prefix then holds its part's prefix."""
+        if not parts:
+            return []
+        seqs, positions, rows, keep = [], [], [], []
+        flat = 0   # rows of the batch so far
+        for pt in parts:
+            c, p = len(pt.kept.tokens), len(pt.prefix)
+            first: dict[int, int] = {}   # node -> its first chain row in the batch (causality: its own path's)
+            for j, chain in enumerate(pt.chains):
+                lead = self.slots.alloc(p - c)   # the first sequence's: kept; the others': scratch
+                seqs.append((pt.kept.slots, list(pt.prefix[c:]) + [pt.tree.tokens[i] for i in chain],
+                             [lead, self.slots.alloc(len(chain))]))
+                positions.append(list(range(c, p)) + [p + depth for depth in range(len(chain))])
+                keep.append(j == 0)
+                flat += p - c
+                for node in chain:
+                    first.setdefault(node, flat)
+                    flat += 1
+            rows.append([first[i] for i in pt.nodes])
+        logits = self._forward(seqs, positions, torch.tensor([r for rs in rows for r in rs], device=self.device))
+        for (_, _, (lead, chain)), kept_lead in zip(seqs, keep):
+            self.slots.release(chain)
+            if not kept_lead:
+                self.slots.release(lead)
+        leads = iter(lead for (_, _, (lead, _)), k in zip(seqs, keep) if k)
+        for pt in parts:
+            pt.kept.slots, pt.kept.tokens = torch.cat([pt.kept.slots, next(leads)]), pt.prefix
+        return list(logits.split([len(r) for r in rows]))
 
-    def _grown(self, pool: KVPool, room: int, keep: int) -> KVPool:
-        """A larger pool holding the first `keep` cached positions of `pool`."""
-        new = self._pool(room)
-        for old_k, old_v, k, v in zip(pool.k_buffer, pool.v_buffer, new.k_buffer, new.v_buffer):
-            k[:FIRST_SLOT + keep] = old_k[:FIRST_SLOT + keep]
-            if v.data_ptr() != k.data_ptr():   # MLA: V is a view of K's latent
-                v[:FIRST_SLOT + keep] = old_v[:FIRST_SLOT + keep]
-        return new
-
-    def _forward(self, ids: list[int], positions: list[int], meta: AttnMetadata, pool: KVPool,
+    def _forward(self, seqs: list[tuple[torch.Tensor, list[int], list[torch.Tensor]]], positions: list[list[int]],
                  rows: torch.Tensor) -> torch.Tensor:
-        tokens = torch.tensor(ids, device=self.device)
-        pos = torch.tensor(positions, device=self.device)
-        return self.model.forward(tokens, pos, meta, pool, self.backend, logit_rows=rows).float()
+        """One extend over sequences (slots read [k] in position order, token ids, the slots their rows write
+        in row order) at `positions`: logits [len(rows), vocab] float32 of the batch's rows `rows`."""
+        reads = [read for read, _, _ in seqs]
+        lens = [len(ids) for _, ids, _ in seqs]
+        dev = self.device
+        meta = AttnMetadata(
+            qo_indptr=torch.tensor([0] + lens, device=dev).cumsum(0),
+            kv_indptr=torch.tensor([0] + [r.numel() for r in reads], device=dev).cumsum(0),
+            kv_indices=torch.cat(reads), out_cache_loc=torch.cat([s for _, _, ss in seqs for s in ss]),
+            custom_mask=None, mask_indptr=None, max_len_extend=max(lens))
+        tokens = torch.tensor([t for _, ids, _ in seqs for t in ids], device=dev)
+        pos = torch.tensor([q for ps in positions for q in ps], device=dev)
+        return self.model.forward(tokens, pos, meta, self.slots.pool, self.backend, logit_rows=rows).float()
 
-
-def _slots(start: int, n: int, device: str) -> torch.Tensor:
-    return torch.arange(FIRST_SLOT + start, FIRST_SLOT + start + n, device=device)
+    def _evict(self) -> None:
+        """The least recently used prefixes beyond MAX_PREFIXES dropped, their slots free."""
+        while len(self.prefixes) > MAX_PREFIXES:
+            self.slots.release(self.prefixes.pop(0).slots)
 
 
 def _path_ends(tree: DraftTree, nodes: list[int]) -> list[int]:

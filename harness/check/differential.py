@@ -109,7 +109,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
             judged = [_judge_request_step(rs, p) for rs in steps]
             tables = step_table(judged, p.settings.device)   # compared on the run's device, one host copy per step
-            tables = [_with_twins(rs, p, j, rows) for rs, j, rows in zip(steps, judged, tables)]
+            tables = _with_twins(p, steps, judged, tables)
             for rs, j, rows in zip(steps, judged, tables):
                 _check_request_step(rs, p, summary, writer, progress, rows)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
@@ -271,25 +271,30 @@ def _judge_request_step(rs: RequestStep, p: Prepared) -> RequestRows:
     return RequestRows(rs.logits, ref, twin, rounded)
 
 
-def _with_twins(rs: RequestStep, p: Prepared, judged: RequestRows, rows: list[RowResult]) -> list[RowResult]:
-    """The rows with their twins' quantities for the nodes whose verdict the twin can change
+def _with_twins(p: Prepared, steps: list[RequestStep], judged: list[RequestRows],
+                tables: list[list[RowResult]]) -> list[list[RowResult]]:
+    """Each request's rows with their twins' quantities for the nodes whose verdict the twin can change
     (NoiseFloorRule.needs_twin: past the bound of the rounded yardstick alone, or counted by test 3 without
     it); the other nodes keep twin_err None. The twin is the engine's computation again, one causal extend per
-    path: computed for every node it cost more than the float64 oracle (SmolLM2-135M, budget 32, topk 4,
-    batch 4, CPU: 0.7 s of a 1.7 s check step; benchmarks/oracle_speed.py)."""
-    if p.rule is None or judged.twin is not None:
-        return rows
-    need = [i for i in range(judged.ref.shape[0])
-            if p.rule.needs_twin(rows[i].metrics.rel_err, rows[i].rounded_err)]
-    if not need:
-        return rows
-    idx = torch.tensor(need)
-    twin = p.twin.tree_logits(rs.prefix, rs.tree, need)                        # [len(need), vocab] float32
-    cols = twin_table(judged.engine[idx.to(judged.engine.device)], judged.ref[idx], twin, p.settings.device)
-    rows = list(rows)
-    for i, (err, dist, l2) in zip(need, cols):
-        rows[i] = replace(rows[i], twin_err=err, twin_dist=dist, l2=(rows[i].l2[0], l2, rows[i].l2[2]))
-    return rows
+    path, every request's in one forward (CausalTwin.step_logits): computed for every node it cost more than
+    the float64 oracle (SmolLM2-135M, budget 32, topk 4, batch 4, CPU: 0.7 s of a 1.7 s check step;
+    benchmarks/oracle_speed.py)."""
+    if p.rule is None:
+        return tables
+    asks = [(k, [i for i in range(j.ref.shape[0]) if p.rule.needs_twin(rows[i].metrics.rel_err, rows[i].rounded_err)])
+            for k, (j, rows) in enumerate(zip(judged, tables)) if j.twin is None]
+    asks = [(k, need) for k, need in asks if need]
+    if not asks:
+        return tables
+    twins = p.twin.step_logits([(steps[k].prefix, steps[k].tree, need) for k, need in asks])   # [len(need), vocab]
+    tables = list(tables)
+    for (k, need), twin in zip(asks, twins):
+        idx, j = torch.tensor(need), judged[k]
+        cols = twin_table(j.engine[idx.to(j.engine.device)], j.ref[idx], twin, p.settings.device)
+        rows = tables[k] = list(tables[k])
+        for i, (err, dist, l2) in zip(need, cols):
+            rows[i] = replace(rows[i], twin_err=err, twin_dist=dist, l2=(rows[i].l2[0], l2, rows[i].l2[2]))
+    return tables
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,

@@ -12,6 +12,7 @@ import torch
 
 from harness.check.differential import check
 
+from harness.check.causal_twin import CausalTwin
 from harness.check.prepare import prepare
 from harness.check.compare.metrics import compare_node
 from harness.verdict.noise_floor import (ALARMS_PER_RUN, NOISE, NoiseFloorRule, NoiseTail, planned_nodes,
@@ -105,6 +106,21 @@ def test_a_correct_bf16_run_passes_with_ratios_recorded():
     # the twin computed exactly where it can change a verdict, and counted
     assert [r["twin_err"] is not None for r in nodes] == [rule.needs_twin(r["rel_err"], r["rounded_err"]) for r in nodes]
     assert summary.twin_nodes == sum(r["twin_err"] is not None for r in nodes)
+
+
+def test_a_steps_twins_are_one_call_for_every_request_that_needs_one(monkeypatch):
+    """The check asks the twin once per step, for every request with a node whose verdict it can change
+    (CausalTwin.step_logits: one forward), not once per request."""
+    calls: list[int] = []   # requests asked, per call
+    step_logits = CausalTwin.step_logits
+    monkeypatch.setattr(CausalTwin, "step_logits", lambda self, asks: calls.append(len(asks)) or step_logits(self, asks))
+    summary, w = run(dtype="bfloat16", topk=2, batch=4, noise_rule=(1.0, 1e-6, 0.9))   # most nodes need one
+    asked: dict[int, set[int]] = {}   # step -> requests with a twin
+    for r in judged_nodes(w):
+        if r["twin_err"] is not None:
+            asked.setdefault(r["step"], set()).add(r["request"])
+    assert calls == [len(asked[s]) for s in sorted(asked)]
+    assert sum(calls) > len(calls)   # some step asked for both requests' twins at once
 
 
 def test_rule_needs_the_twin_only_where_it_can_change_a_verdict():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check.causal_twin import FIRST_SLOT, MERGE_UP_TO, CausalTwin
+from harness.check.causal_twin import MERGE_UP_TO, CausalTwin
 from harness.check.prepare import prepare
 from harness.engine.ddtree.verify_inputs import prefill_metadata
 from harness.engine.mem.pool import KVPool
@@ -90,18 +90,22 @@ def test_merged_calls_give_the_separate_extends_logits_and_keep_its_prefix(model
             asked = list(range(tree.num_rows - 1, 0, -2))                       # some nodes, deepest first
             assert torch.allclose(some.tree_logits(rs.prefix, tree, asked), want[asked], rtol=0, atol=1e-4)
             for twin in (every, some):
-                kept, ref = _kept(twin, rs.prefix), _kept(separate, rs.prefix)
-                end = FIRST_SLOT + len(rs.prefix)
-                for k, v, rk, rv in zip(kept.pool.k_buffer, kept.pool.v_buffer, ref.pool.k_buffer, ref.pool.v_buffer):
-                    assert torch.allclose(k[:end], rk[:end], rtol=0, atol=1e-4), (rs.step, rs.rid)
-                    assert torch.allclose(v[:end], rv[:end], rtol=0, atol=1e-4), (rs.step, rs.rid)
+                for (k, v), (rk, rv) in zip(_kept_kv(twin, rs.prefix), _kept_kv(separate, rs.prefix)):
+                    assert torch.allclose(k, rk, rtol=0, atol=1e-4), (rs.step, rs.rid)
+                    assert torch.allclose(v, rv, rtol=0, atol=1e-4), (rs.step, rs.rid)
     assert steps >= 4
 
 
-def _kept(twin: CausalTwin, prefix):
-    """The twin's kept prefix for `prefix`: it must be the whole prefix."""
-    (kept,) = [c for c in twin.prefixes if c.tokens == tuple(prefix)]
-    return kept
+def _kept_kv(twin: CausalTwin, prefix, copies: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer the K and V [len(prefix), ...] the twin keeps for `prefix` (`copies` kept prefixes, each of the
+    whole prefix, in their own slots, the same K/V; the first's)."""
+    kept = [c for c in twin.prefixes if c.tokens == tuple(prefix)]
+    assert len(kept) == copies and all(c.slots.numel() == len(prefix) for c in kept)
+    assert len({int(s) for c in kept for s in c.slots}) == copies * len(prefix) and int(kept[0].slots.min()) >= 1
+    pool = twin.slots.pool
+    for c in kept[1:]:
+        assert all(torch.equal(k[c.slots], k[kept[0].slots]) for k in pool.k_buffer)
+    return [(k[kept[0].slots], v[kept[0].slots]) for k, v in zip(pool.k_buffer, pool.v_buffer)]
 
 
 def test_some_nodes_cost_only_their_paths_and_equal_those_rows_of_every_node():
@@ -124,3 +128,33 @@ def test_some_nodes_cost_only_their_paths_and_equal_those_rows_of_every_node():
     assert torch.allclose(got, every[asked], rtol=0, atol=1e-4)
     assert calls == [len(tree.ancestors(child))]   # the child's path alone covers all three
     assert twin.tree_logits(rs.prefix, tree, []).shape == (0, every.shape[1])
+
+
+def test_a_steps_twins_of_every_request_are_one_forward_equal_to_each_requests_own(monkeypatch):
+    """step_logits: every request's asked nodes in one forward after the first step (the prompts' extends are
+    one forward too), the same logits as each request's own tree_logits (float32, up to the rounding of other
+    batch shapes), every kept prefix the same K/V. A request asked twice in one step (two requests on one
+    prefix) gets a copy of the kept prefix, so each extends its own."""
+    p = prepare(RunSettings(backend="torch", topk=2, budget=8, batch=2, max_new_tokens=12, dtype="float32",
+                            verdict="fixed"))
+    together, alone = _twin(p, max_context=8), _twin(p)   # together starts small: its one pool grows
+    calls: list[int] = []
+    forward = p.engine.model.forward
+    monkeypatch.setattr(p.engine.model, "forward", lambda ids, *a, **k: calls.append(ids.numel()) or
+                        forward(ids, *a, **k))
+    steps = 0
+    for result in p.engine.rounds():
+        rs = result.requests
+        asks = [(r.prefix, r.tree, list(range(r.tree.num_rows - 1, -1, -3))) for r in rs]
+        asks.append(asks[0])   # the first request asked again: its kept prefix is taken, so copied
+        calls.clear()
+        got = together.step_logits(asks)
+        assert len(calls) == (2 if steps == 0 else 1), calls   # the prompts' extends, then the paths
+        for (prefix, tree, nodes), g in zip(asks, got):
+            assert torch.allclose(g, alone.tree_logits(prefix, tree, nodes), rtol=0, atol=1e-4), steps
+        for j, r in enumerate(rs):
+            for (k, v), (rk, rv) in zip(_kept_kv(together, r.prefix, 2 if j == 0 else 1), _kept_kv(alone, r.prefix)):
+                assert torch.allclose(k, rk, rtol=0, atol=1e-4) and torch.allclose(v, rv, rtol=0, atol=1e-4)
+        steps += 1
+    assert steps >= 4 and together.slots.num_slots > 8
+    assert len(together.prefixes) <= 4   # each request's, and a copy: each step reuses them, none piles up
