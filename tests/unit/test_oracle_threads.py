@@ -49,7 +49,7 @@ def test_the_twin_runs_on_the_engine_threads_the_oracle_on_its_own(monkeypatch):
     assert p.twin is not None and p.rule is not None
     monkeypatch.setattr(differential, "oracle_thread_count", lambda model, device: 2)
     seen: dict[str, set[int]] = {"twin": set(), "oracle": set()}
-    twin_logits, prepare_step = p.twin._tree_logits, p.oracle.prepare_step
+    twin_logits, prepare_step = p.twin._step_logits, p.oracle.prepare_step
 
     def twin(*a, **k):
         seen["twin"].add(torch.get_num_threads())
@@ -58,7 +58,7 @@ def test_the_twin_runs_on_the_engine_threads_the_oracle_on_its_own(monkeypatch):
     def oracle(*a, **k):
         seen["oracle"].add(torch.get_num_threads())
         return prepare_step(*a, **k)
-    monkeypatch.setattr(p.twin, "_tree_logits", twin)
+    monkeypatch.setattr(p.twin, "_step_logits", twin)
     monkeypatch.setattr(p.oracle, "prepare_step", oracle)
     summary = check(p, RecordWriter(None), localize=False)
     assert summary.passed and summary.steps > 1
