@@ -6,7 +6,7 @@ One pool is what lets a step's twins of every request run as one forward:
 a forward reads and writes one pool, and each request's kept prefix is a
 list of slots in it (in position order), not a pool of its own.
 
-Layer: check. Imports the engine and below."""
+Layer: check. Imports ports, faults, the engine and below; never report, workflows or cli."""
 from __future__ import annotations
 
 import torch
