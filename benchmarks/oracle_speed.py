@@ -4,7 +4,7 @@ after the oracle judged a step in one pass (issue 22 point 3).
     PYTHONPATH=. .venv/bin/python benchmarks/oracle_speed.py [--model smollm2-135m] [--dtype bfloat16]
         [--settings 16:1:1,32:4:4] [--max-new-tokens 16] [--device cpu] [--out benchmarks/results/oracle-speed-cpu.json]
         [--drafter noisy] [--cuda-graph] [--prompt-lens 640,900]   (benchmarks/oracle_speed_gpu.sh: the 8B shape)
-        [--modes before,every-twin,after] [--repeat 3] [--oracle-threads 1]
+        [--modes before,every-twin,twin-per-request,after] [--repeat 3] [--oracle-threads 1]
 
 Each setting (budget:topk:batch) runs the whole differential check once per
 mode (--repeat times, interleaved; the table gives each mode's median ratio)
@@ -17,6 +17,9 @@ on one loading of the model, the oracle's state emptied before each run:
   stream check's greedy recomputing every position;
 * every-twin: the causal twin of every node (Prepared.every_twin), as before
   it was computed only for the nodes whose verdict it can change;
+* twin-per-request: the twins computed where needed, one forward per
+  request as before a step's twins became one forward for every request
+  (CausalTwin.step_logits);
 * after: the code as it is.
 
 --oracle-threads fixes the float64 oracle's threads (the check's own choice,
@@ -54,6 +57,9 @@ from reference.oracle import _tree_logits
 from reference.prefix_cache import PrefixCache
 
 
+MODES = ("before", "every-twin", "twin-per-request", "after")
+
+
 def fresh(oracle) -> None:
     """The oracle's caches emptied: each run starts from the same state."""
     oracle.prefixes, oracle.low_precision = PrefixCache(), {}
@@ -76,12 +82,24 @@ def before(oracle):
         del oracle.prepare_step, oracle._judge
 
 
+@contextmanager
+def per_request(twin):
+    """The twin's forwards one request at a time (each ask its own step_logits call), undone on exit."""
+    step_logits = twin.step_logits
+    twin.step_logits = lambda asks: [step_logits([ask])[0] for ask in asks]
+    try:
+        yield
+    finally:
+        del twin.step_logits
+
+
 def one_run(s: RunSettings, loaded, mode: str) -> dict:
     fresh(loaded.oracle)
     p = build(s, loaded)
     t0 = time.perf_counter()
-    with before(loaded.oracle) if mode == "before" else nullcontext():
-        summary = check(replace(p, every_twin=mode != "after"), RecordWriter(None), localize=False)
+    with before(loaded.oracle) if mode == "before" else per_request(p.twin) if mode == "twin-per-request" \
+            else nullcontext():
+        summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None), localize=False)
     wall = time.perf_counter() - t0
     e, o = summary.engine_s_per_step, summary.oracle_s_per_step
     return dict(budget=s.budget, topk=s.topk, batch=s.batch, mode=mode, steps=summary.steps,
@@ -138,7 +156,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--settings", default="16:1:1,32:4:4")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--modes", default="before,after", help="comma list of before, every-twin, after")
+    ap.add_argument("--modes", default="before,after",
+                    help="comma list of before, every-twin, twin-per-request, after")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each mode per setting, interleaved")
     ap.add_argument("--oracle-threads", type=int, default=None,
                     help="the float64 oracle's threads (default: the check's choice, the cores left idle)")
@@ -150,8 +169,8 @@ def main() -> None:
     settings, modes = parse_settings(a.settings), a.modes.split(",")
     torch.set_num_threads(1)   # the engine's threads as the CLI sets them (the check gives a checkpoint's oracle
     #                            every core)
-    if not set(modes) <= {"before", "every-twin", "after"} or a.repeat < 1 or (a.oracle_threads or 1) < 1:
-        print("--modes takes before, every-twin and/or after; --repeat and --oracle-threads at least 1",
+    if not set(modes) <= set(MODES) or a.repeat < 1 or (a.oracle_threads or 1) < 1:
+        print(f"--modes takes {', '.join(MODES)}; --repeat and --oracle-threads at least 1",
               file=sys.stderr)
         sys.exit(2)
     if a.oracle_threads:

@@ -93,24 +93,68 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+IDLE_SHARE = 0.75   # a core others keep busy less than a quarter of the time counts as idle
+
+
 def idle_cores(cores: int | None = None, loadavg: Callable[[], tuple[float, float, float]] | None = None,
-               host_cpus: int | None = None) -> int:
+               host_cpus: int | None = None, busy: Callable[[], float | None] | None = None) -> int:
     """The cores of this process's affinity that other processes leave idle: `cores` less their share
-    (cores / host_cpus) of the host's 1-minute load average beyond this process's own running thread, at least
-    1 (all of them where no load average is known).
+    (cores / host_cpus) of the host's CPUs the others keep busy, at least 1.
+
+    What the others keep busy is measured, this process's own time taken out (others_busy: /proc/stat over a
+    short window). Where that is unreadable, the host's 1-minute load average beyond one running thread
+    stands for it (all the cores where no load average is known either): it counts this process's own
+    threads too, so a run that follows another in the same minute reads its predecessor's float64 threads as
+    another's load (SmolLM2-135M at budget 32, topk 4, batch 4: 1 oracle thread instead of 2 on an idle
+    2-core machine, 7.5x the engine's step instead of 5.3x).
 
     On shared, loaded cores an OpenMP parallel region waits for whichever of its threads the scheduler has
     set aside, a time slice each time: on 2 cores at a load of about 4.6, 2 threads took ~15 ms for any op,
     a 12 x 12 tril included, where 1 took 0.01 ms, and the check of SmolLM2-135M at budget 32, topk 4,
     batch 4 spent 68.5 s per step in the oracle against 4.1 s on 1 thread (benchmarks/README.md)."""
     cores = machine_cores() if cores is None else cores
+    share = cores / max(host_cpus or os.cpu_count() or cores, cores)   # the others spread over the host's CPUs
+    others = (others_busy if busy is None else busy)()
+    if others is None:
+        try:
+            load = (os.getloadavg if loadavg is None else loadavg)()[0]
+        except (OSError, AttributeError):   # no load average on this platform: nothing known against every core
+            return cores
+        others = max(0.0, load - 1.0)   # this process's engine thread was running: not another's
+    return max(1, min(cores, math.floor(cores - others * share + 1.0 - IDLE_SHARE)))
+
+
+def others_busy(window_s: float = 0.2, read_stat: Callable[[], tuple[int, int]] | None = None,
+                own_ticks: Callable[[], float] | None = None, sleep: Callable[[float], None] = time.sleep,
+                host_cpus: int | None = None) -> float | None:
+    """The host's CPUs other processes kept busy over `window_s` (in CPUs: 1.0 is one CPU all the time),
+    from /proc/stat's busy and total ticks with this process's own ticks taken out; None where /proc/stat
+    is unreadable (not Linux)."""
+    read = _stat_ticks if read_stat is None else read_stat
+    own = _own_ticks if own_ticks is None else own_ticks
     try:
-        load = (os.getloadavg if loadavg is None else loadavg)()[0]
-    except (OSError, AttributeError):   # no load average on this platform: nothing known against every core
-        return cores
-    share = cores / max(host_cpus or os.cpu_count() or cores, cores)   # the load spreads over the host's CPUs
-    others = max(0.0, load - 1.0) * share   # this process's engine thread was running: not another's
-    return max(1, min(cores, math.floor(cores - others)))
+        (busy0, total0), own0 = read(), own()
+        sleep(window_s)
+        (busy1, total1), own1 = read(), own()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    cpus = host_cpus or os.cpu_count() or 1
+    return max(0.0, (busy1 - busy0) - (own1 - own0)) / (total1 - total0) * cpus
+
+
+def _stat_ticks() -> tuple[int, int]:
+    """(busy, total) ticks of every CPU since boot: /proc/stat's first line (idle and iowait are not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:9]]   # user nice system idle iowait irq softirq steal
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def _own_ticks() -> float:
+    """This process's CPU time (user + system, every thread) in /proc/stat's ticks."""
+    t = os.times()
+    return (t.user + t.system) * os.sysconf("SC_CLK_TCK")
 
 
 def oracle_thread_count(model: str, oracle_device: str) -> int:
