@@ -28,8 +28,11 @@ oracle_thread_count: the cores other processes leave idle, is the default;
 
 The figures are the run summary's own (engine and oracle seconds per step,
 the stream check's seconds), so they carry whatever else the check does
-per step (the causal twin, the comparison). Verdicts must agree. The JSON
-is rewritten after every run, so a run killed midway leaves its rows.
+per step (the causal twin, the comparison). Next to them, where the oracle's
+step goes (parts_s_per_step, steps after the first, timed around the calls:
+parts_timed): the float64 pass, the rounded yardstick's pass, the twins
+and the step table. Verdicts must agree. The JSON is rewritten after every
+run, so a run killed midway leaves its rows.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from pathlib import Path
 import torch
 
 import reference.model as ref_model
+import reference.oracle as oracle_module
 from harness.check import differential
 from harness.check.differential import check
 from harness.check.prepare import build, load
@@ -93,17 +97,55 @@ def per_request(twin):
         del twin.step_logits
 
 
+@contextmanager
+def parts_timed(twin, parts: dict[str, float]):
+    """Seconds of the oracle step's parts added to `parts`: the float64 pass (exact), the rounded yardstick's
+    pass (rounded), the causal twins (twin), the step table (table). Only the wrapped calls are timed: a
+    GPU's queued work is counted where the call waits for it (each returns host-visible results or is
+    followed by one that does)."""
+    def timed(fn, key_of):
+        def run(*a, **k):
+            t = time.perf_counter()
+            out = fn(*a, **k)
+            key = key_of(*a)
+            parts[key] = parts.get(key, 0.0) + time.perf_counter() - t
+            return out
+        return run
+    judge, table_fn = oracle_module.judge_packed, differential.step_table
+    oracle_module.judge_packed = timed(judge, lambda model, *a: "exact" if model.store is ref_model.exact else "rounded")
+    differential.step_table = timed(table_fn, lambda *a: "table")
+    own = None if twin is None else twin.__dict__.get("step_logits")   # a mode's own, kept under the timer
+    if twin is not None:
+        twin.step_logits = timed(twin.step_logits, lambda *a: "twin")
+    try:
+        yield
+    finally:
+        oracle_module.judge_packed, differential.step_table = judge, table_fn
+        if twin is not None and own is None:
+            del twin.step_logits
+        elif twin is not None:
+            twin.step_logits = own
+
+
 def one_run(s: RunSettings, loaded, mode: str) -> dict:
     fresh(loaded.oracle)
     p = build(s, loaded)
+    parts: dict[str, float] = {}
     t0 = time.perf_counter()
+
+    def after_step(step: int, emitted: int) -> None:   # step 0 is the warm-up: the parts are of the steps after it
+        if step == 0:
+            parts.clear()
     with before(loaded.oracle) if mode == "before" else per_request(p.twin) if mode == "twin-per-request" \
-            else nullcontext():
-        summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None), localize=False)
+            else nullcontext(), parts_timed(p.twin, parts):
+        summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None),
+                        on_step=after_step, localize=False)
     wall = time.perf_counter() - t0
     e, o = summary.engine_s_per_step, summary.oracle_s_per_step
+    later = max(summary.steps - 1, 1)
     return dict(budget=s.budget, topk=s.topk, batch=s.batch, mode=mode, steps=summary.steps,
                 nodes=summary.nodes_checked, engine_s_per_step=e, oracle_s_per_step=o,
+                parts_s_per_step={k: v / later for k, v in sorted(parts.items())},
                 ratio=(o / e) if e else None, streams_s=summary.streams_s, wall_s=wall,
                 twin_nodes=summary.twin_nodes, max_noise_ratio=summary.max_noise_ratio,
                 verdict="PASS" if summary.passed else "FAIL", max_rel_err=summary.max_rel_err,
@@ -123,15 +165,17 @@ def parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 def table(rows: list[dict]) -> str:
     head = ("| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s "
-            "| verdict |")
-    lines = [head, "|" + " --- |" * 10]
+            "| verdict | exact / rounded / twin / table s/step |")
+    lines = [head, "|" + " --- |" * 11]
     def f(x, spec: str, unit: str = "") -> str:   # a figure the summary did not give (a run of one step): -
         return "-" if x is None else f"{x:{spec}}{unit}"
 
     for r in rows:
         lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
                      f"{f(r['engine_s_per_step'], '.3f')} | {f(r['oracle_s_per_step'], '.3f')} | "
-                     f"{f(r['ratio'], '.1f', 'x')} | {f(r['streams_s'], '.1f')} | {r['verdict']} |")
+                     f"{f(r['ratio'], '.1f', 'x')} | {f(r['streams_s'], '.1f')} | {r['verdict']} | "
+                     + " / ".join(f(r["parts_s_per_step"].get(k), ".3f") for k in ("exact", "rounded", "twin", "table"))
+                     + " |")
     return "\n".join(lines)
 
 
