@@ -116,7 +116,8 @@ class CausalTwin:
             prefix = tuple(int(t) for t in prefix)
             chains = [list(tree.ancestors(end)) for end in _path_ends(tree, nodes)]   # root .. end
             kept = self._kept(prefix, taken) if chains else None   # nothing asked: nothing computed or kept
-            taken.add(id(kept))
+            if kept is not None:
+                taken.add(id(kept))
             parts.append(_Part(prefix, tree, nodes, kept, chains))
         return parts
 
@@ -143,12 +144,11 @@ class CausalTwin:
         only: no logits)."""
         if not parts:
             return
-        seqs = [(pt.kept.slots, list(pt.prefix[len(pt.kept.tokens):]), [self.slots.alloc(len(pt.prefix) -
-                                                                                          len(pt.kept.tokens))])
-                for pt in parts]
-        self._forward(seqs, [list(range(len(pt.kept.tokens), len(pt.prefix))) for pt in parts],
+        news = [self.slots.alloc(len(pt.prefix) - len(pt.kept.tokens)) for pt in parts]
+        self._forward([(pt.kept.slots, list(pt.prefix[len(pt.kept.tokens):]), [new]) for pt, new in zip(parts, news)],
+                      [list(range(len(pt.kept.tokens), len(pt.prefix))) for pt in parts],
                       torch.zeros(0, dtype=torch.int64, device=self.device))
-        for pt, (_, _, (new,)) in zip(parts, seqs):
+        for pt, new in zip(parts, news):
             pt.kept.slots, pt.kept.tokens = torch.cat([pt.kept.slots, new]), pt.prefix
 
     def _paths(self, parts: list[_Part]) -> list[torch.Tensor]:
@@ -156,30 +156,27 @@ class CausalTwin:
         asked nodes' logits, per part; each kept prefix then holds its part's prefix."""
         if not parts:
             return []
-        seqs, positions, rows, keep = [], [], [], []
+        seqs, positions, rows, leads, scratch = [], [], [], [], []
         flat = 0   # rows of the batch so far
         for pt in parts:
             c, p = len(pt.kept.tokens), len(pt.prefix)
             first: dict[int, int] = {}   # node -> its first chain row in the batch (causality: its own path's)
             for j, chain in enumerate(pt.chains):
-                lead = self.slots.alloc(p - c)   # the first sequence's: kept; the others': scratch
-                seqs.append((pt.kept.slots, list(pt.prefix[c:]) + [pt.tree.tokens[i] for i in chain],
-                             [lead, self.slots.alloc(len(chain))]))
+                lead, rest = self.slots.alloc(p - c), self.slots.alloc(len(chain))
+                (leads if j == 0 else scratch).append(lead)   # the first sequence's lead is kept, the others' not
+                scratch.append(rest)
+                seqs.append((pt.kept.slots, list(pt.prefix[c:]) + [pt.tree.tokens[i] for i in chain], [lead, rest]))
                 positions.append(list(range(c, p)) + [p + depth for depth in range(len(chain))])
-                keep.append(j == 0)
                 flat += p - c
                 for node in chain:
                     first.setdefault(node, flat)
                     flat += 1
             rows.append([first[i] for i in pt.nodes])
         logits = self._forward(seqs, positions, torch.tensor([r for rs in rows for r in rs], device=self.device))
-        for (_, _, (lead, chain)), kept_lead in zip(seqs, keep):
-            self.slots.release(chain)
-            if not kept_lead:
-                self.slots.release(lead)
-        leads = iter(lead for (_, _, (lead, _)), k in zip(seqs, keep) if k)
-        for pt in parts:
-            pt.kept.slots, pt.kept.tokens = torch.cat([pt.kept.slots, next(leads)]), pt.prefix
+        for slots in scratch:
+            self.slots.release(slots)
+        for pt, lead in zip(parts, leads):
+            pt.kept.slots, pt.kept.tokens = torch.cat([pt.kept.slots, lead]), pt.prefix
         return list(logits.split([len(r) for r in rows]))
 
     def _forward(self, seqs: list[tuple[torch.Tensor, list[int], list[torch.Tensor]]], positions: list[list[int]],
