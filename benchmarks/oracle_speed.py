@@ -20,6 +20,9 @@ on one loading of the model, the oracle's state emptied before each run:
 * twin-per-request: the twins computed where needed, one forward per
   request as before a step's twins became one forward for every request
   (CausalTwin.step_logits);
+* passes-in-turn: the float64 pass and the rounded yardstick's one after
+  the other on the oracle's threads, as before they ran side by side, one
+  thread each (reference/oracle.py side_by_side);
 * after: the code as it is.
 
 --oracle-threads fixes the float64 oracle's threads (the check's own choice,
@@ -61,7 +64,7 @@ from reference.oracle import _tree_logits
 from reference.prefix_cache import PrefixCache
 
 
-MODES = ("before", "every-twin", "twin-per-request", "after")
+MODES = ("before", "every-twin", "twin-per-request", "passes-in-turn", "after")
 
 
 def fresh(oracle) -> None:
@@ -98,9 +101,22 @@ def per_request(twin):
 
 
 @contextmanager
+def passes_in_turn():
+    """The float64 pass and the rounded yardstick's one after the other on every thread, as before they ran
+    side by side (reference/oracle.py side_by_side), undone on exit."""
+    side = oracle_module.side_by_side
+    oracle_module.side_by_side = lambda passes, device: [run() for run in passes]
+    try:
+        yield
+    finally:
+        oracle_module.side_by_side = side
+
+
+@contextmanager
 def parts_timed(twin, parts: dict[str, float]):
     """Seconds of the oracle step's parts added to `parts`: the float64 pass (exact), the rounded yardstick's
-    pass (rounded), the causal twins (twin), the step table (table). Only the wrapped calls are timed: a
+    pass (rounded), both passes' wall time (passes: less than their sum where they ran side by side), the causal
+    twins (twin), the step table (table). Only the wrapped calls are timed: a
     GPU's queued work is counted where the call waits for it (each returns host-visible results or is
     followed by one that does)."""
     def timed(fn, key_of):
@@ -111,8 +127,9 @@ def parts_timed(twin, parts: dict[str, float]):
             parts[key] = parts.get(key, 0.0) + time.perf_counter() - t
             return out
         return run
-    judge, table_fn = oracle_module.judge_packed, differential.step_table
+    judge, table_fn, side = oracle_module.judge_packed, differential.step_table, oracle_module.side_by_side
     oracle_module.judge_packed = timed(judge, lambda model, *a: "exact" if model.store is ref_model.exact else "rounded")
+    oracle_module.side_by_side = timed(side, lambda *a: "passes")
     differential.step_table = timed(table_fn, lambda *a: "table")
     own = None if twin is None else twin.__dict__.get("step_logits")   # a mode's own, kept under the timer
     if twin is not None:
@@ -120,7 +137,7 @@ def parts_timed(twin, parts: dict[str, float]):
     try:
         yield
     finally:
-        oracle_module.judge_packed, differential.step_table = judge, table_fn
+        oracle_module.judge_packed, differential.step_table, oracle_module.side_by_side = judge, table_fn, side
         if twin is not None and own is None:
             del twin.step_logits
         elif twin is not None:
@@ -136,8 +153,9 @@ def one_run(s: RunSettings, loaded, mode: str) -> dict:
     def after_step(step: int, emitted: int) -> None:   # step 0 is the warm-up: the parts are of the steps after it
         if step == 0:
             parts.clear()
-    with before(loaded.oracle) if mode == "before" else per_request(p.twin) if mode == "twin-per-request" \
-            else nullcontext(), parts_timed(p.twin, parts):
+    modes = {"before": lambda: before(loaded.oracle), "twin-per-request": lambda: per_request(p.twin),
+             "passes-in-turn": passes_in_turn}
+    with modes.get(mode, nullcontext)(), parts_timed(p.twin, parts):
         summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None),
                         on_step=after_step, localize=False)
     wall = time.perf_counter() - t0
@@ -165,7 +183,7 @@ def parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 def table(rows: list[dict]) -> str:
     head = ("| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s "
-            "| verdict | exact / rounded / twin / table s/step |")
+            "| verdict | exact / rounded (both passes' wall) / twin / table s/step |")
     lines = [head, "|" + " --- |" * 11]
     def f(x, spec: str, unit: str = "") -> str:   # a figure the summary did not give (a run of one step): -
         return "-" if x is None else f"{x:{spec}}{unit}"
@@ -174,7 +192,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
                      f"{f(r['engine_s_per_step'], '.3f')} | {f(r['oracle_s_per_step'], '.3f')} | "
                      f"{f(r['ratio'], '.1f', 'x')} | {f(r['streams_s'], '.1f')} | {r['verdict']} | "
-                     + " / ".join(f(r["parts_s_per_step"].get(k), ".3f") for k in ("exact", "rounded", "twin", "table"))
+                     + "{} / {} ({}) / {} / {}".format(*(f(r["parts_s_per_step"].get(k), ".3f")
+                                                         for k in ("exact", "rounded", "passes", "twin", "table")))
                      + " |")
     return "\n".join(lines)
 

@@ -8,10 +8,12 @@ tree nodes packed into one forward where each row sees exactly its own path
 (reference/packed.py: its own mask, not the engine's), every request of the
 step in the same pass (prepare_step); multi-head latent attention runs one
 forward per leaf's root path instead. Tests hold each equal to a fresh
-forward per node to 1e-12.
+forward per node to 1e-12. On the CPU, a step's float64 pass and its
+rounded one run side by side, one thread each (side_by_side).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 import torch
@@ -156,9 +158,11 @@ class DenseOracle:
                 raise ValueError("tree_logits needs a non-empty prefix")
         models = [(None, (self.model, self.prefixes))]
         models += [((d, bool(pr)), self._rounded(d, pr)) for d, pr in dict.fromkeys(rounded)]
-        for which, (model, prefixes) in models:
-            memo = self._greedy_memo() if which is None else None
-            answers.update({(which, k): lg for k, lg in zip(keys, judge_packed(model, prefixes, keys, memo))})
+        passes = [lambda m=model, c=prefixes, w=which: judge_packed(m, c, keys, self._greedy_memo() if w is None
+                                                                     else None)
+                  for which, (model, prefixes) in models]
+        for (which, _), logits in zip(models, side_by_side(passes, self.model.device)):
+            answers.update({(which, k): lg for k, lg in zip(keys, logits)})
         self._step_answers().replace(answers)
 
     def _answer(self, which, model, prefixes: PrefixCache, prefix, tokens, parents) -> Tensor:
@@ -276,6 +280,23 @@ class DenseOracle:
         if not moe_layers(self.config):
             return None
         return _tree_routing(*self._rounded(dtype), prefix, tokens, parents)
+
+
+def side_by_side(passes: Sequence, device) -> list:
+    """Each pass's result, in order. On the CPU with several of torch's threads, the passes (each a whole
+    forward of its own model with its own caches) run at once, one thread each, instead of one after the other
+    on every thread: a float64 matmul of a step's few hundred rows gains about 1.6x from a second thread, two
+    such passes side by side about 1.9x (benchmarks/README.md). Each pass is the same arithmetic either way;
+    only BLAS's blocking over threads differs, the last bits of a float64 sum."""
+    threads = torch.get_num_threads()
+    if len(passes) < 2 or threads < 2 or torch.device(device).type != "cpu":
+        return [run() for run in passes]
+    torch.set_num_threads(1)   # the intra-op pool is process-wide: each pass computes on its own thread
+    try:
+        with ThreadPoolExecutor(max_workers=min(threads, len(passes)), thread_name_prefix="oracle-pass") as pool:
+            return [f.result() for f in [pool.submit(run) for run in passes]]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def packable(model) -> bool:

@@ -2,6 +2,7 @@
 gives what a fresh causal forward per node gives, for every request of the
 step, in float64 and in the rounded yardstick; the stream check's greedy
 reads the positions the judged trees decided."""
+import threading
 from dataclasses import replace
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 import reference.judged as judged
 from reference.model import DenseLlama
-from reference.oracle import DenseOracle, root_path
+from reference.oracle import DenseOracle, root_path, side_by_side
 from reference.packed import packed_visibility
 from tests.unit.test_oracle_prefix_reuse import CFG, PARENTS, PREFIX, TOKENS, per_node, weights
 
@@ -40,8 +41,18 @@ def test_packed_visibility_shows_each_row_its_own_path():
                              [1, 1, 1, 1, 0, 1]]
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["in-turn", "side-by-side"])
 @pytest.mark.parametrize("cfg", [CFG, WINDOWED], ids=["gqa", "window-sinks"])
-def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
+def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, threads, monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)   # two threads: the float64 and the rounded pass side by side (side_by_side)
+    try:
+        prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch)
+    finally:
+        torch.set_num_threads(before)
+
+
+def prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
     oracle = oracle_for(cfg)
     oracle.tree_logits(PREFIX[:6], [3], [-1])               # a cached prefix the step extends
     passes = []
@@ -58,6 +69,43 @@ def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
         assert g.shape == (len(tokens), cfg.vocab_size) and g.dtype == torch.float64
         assert close(g, per_node(oracle.model, prefix, tokens, parents))
         assert close(r, per_node(low, prefix, tokens, parents))
+
+
+def test_passes_run_side_by_side_one_thread_each_on_the_cpu():
+    started = threading.Event()
+    seen = []
+
+    def first():      # returns only once the second pass has started: one after the other, it would time out
+        seen.append(torch.get_num_threads())
+        return started.wait(timeout=30)
+
+    def second():
+        seen.append(torch.get_num_threads())
+        started.set()
+        return "second"
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert side_by_side([first, second], "cpu") == [True, "second"]   # results in the passes' order
+        assert seen == [1, 1] and torch.get_num_threads() == 2            # one thread each, the pool restored
+        order = []
+        torch.set_num_threads(1)                                          # one thread: one pass after the other
+        assert side_by_side([lambda: order.append("a") or 1, lambda: order.append("b") or 2], "cpu") == [1, 2]
+        assert order == ["a", "b"]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_failing_pass_raises_and_leaves_the_threads_as_they_were():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            side_by_side([lambda: 1, lambda: 1 / 0], "cpu")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_an_unprepared_tree_is_judged_on_its_own_all_the_same():
