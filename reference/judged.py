@@ -24,7 +24,7 @@ from torch import Tensor
 
 from reference.accept import greedy_acceptance
 from reference.packed import PackedTree, forward_many
-from reference.prefix_cache import CausalPrefix, PrefixCache
+from reference.prefix_cache import CausalPrefix, JudgedTree, PrefixCache
 
 TreeKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
 
@@ -36,19 +36,26 @@ def tree_key(prefix: Sequence[int], tokens: Sequence[int], parents: Sequence[int
 def judge_packed(model, prefixes: PrefixCache, trees: Sequence[TreeKey],
                  memo: "GreedyMemo | None" = None) -> list[Tensor]:
     """Each tree's node logits [n, V] float64 on CPU, all trees in ONE forward
-    (reference/packed.py forward_many) behind their longest cached prefixes; the
+    (reference/packed.py forward_many) behind their longest cached prefixes (a
+    prefix that runs along a tree judged before takes its nodes' K/V); the
     committed tokens a cache entry lacks ride in the same pass and extend it,
-    and `memo` keeps the greedy choice after the last of them."""
+    and `memo` keeps the greedy choice after the last of them. Each tree's
+    nodes' K/V are kept for the prefixes that run along it next."""
     prefixes.capacity = max(prefixes.capacity, 2 * len(trees))   # a step's prefixes all stay cached
     bases = [prefixes.longest(prefix) for prefix, _, _ in trees]
     packs = [PackedTree(prefix[len(base.tokens):], tokens, parents, base.past)
              for (prefix, tokens, parents), base in zip(trees, bases)]
     results = forward_many(model, packs)
     for pack, base, result in zip(packs, bases, results):
+        committed = base
         if pack.more:
-            prefixes.put(_extended(base, pack.more, result))
+            committed = _extended(base, pack.more, result)
+            prefixes.put(committed)
             if memo is not None:
                 memo.note_next(base.tokens + pack.more, result.last_commit.cpu())
+        m = len(pack.more)   # the nodes' rows follow the `more` rows: the next step's prefix runs along them
+        prefixes.put_tree(JudgedTree(committed, pack.tokens, pack.parents, tuple(k[m:] for k in result.ks),
+                                     tuple(v[m:] for v in result.vs)))
     return [r.logits.cpu() for r in results]
 
 

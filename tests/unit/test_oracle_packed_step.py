@@ -18,6 +18,9 @@ WINDOWED = replace(CFG, sliding_window=5, sliding_layers=(1,), attn_sinks=True)
 STEP = [(PREFIX, TOKENS, PARENTS),                                     # branching, depths up to 4
         ([7, 1, 2, 30, 11], [5, 9, 9, 40], [-1, 0, 0, 2]),             # a second prompt, two equal siblings
         (PREFIX + [38, 4], [26, 1], [-1, 0])]                          # the first prefix, longer
+NEXT_STEP = [(PREFIX + root_path(TOKENS, PARENTS, 6), [9, 2], [-1, 0]),   # a root path of 4 nodes committed
+             ([7, 1, 2, 30, 11, 5, 9, 4], [8], [-1]),                  # root and a child, then a token not in it
+             (PREFIX + [38, 4, 26], [3], [-1])]                        # its one-node root path
 
 
 def close(got, want, rel=1e-12):
@@ -55,20 +58,23 @@ def test_a_prepared_step_equals_a_fresh_forward_per_node(cfg, threads, monkeypat
 def prepared_step_equals_a_fresh_forward_per_node(cfg, monkeypatch):
     oracle = oracle_for(cfg)
     oracle.tree_logits(PREFIX[:6], [3], [-1])               # a cached prefix the step extends
-    passes = []
+    passes, more = [], []
     forward_many = judged.forward_many
-    monkeypatch.setattr(judged, "forward_many",
-                        lambda model, packs: passes.append(len(packs)) or forward_many(model, packs))
-    oracle.prepare_step(STEP, rounded=[("bfloat16", False)])
-    got = [oracle.tree_logits(*t) for t in STEP]
-    rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in STEP]
-    monkeypatch.undo()
-    assert passes == [3, 3]                                  # one pass per model for the whole step
+    monkeypatch.setattr(judged, "forward_many", lambda model, packs: passes.append(len(packs)) or more.append(
+        [len(p.more) for p in packs]) or forward_many(model, packs))
     low = oracle.model.rounded(torch.bfloat16)
-    for (prefix, tokens, parents), g, r in zip(STEP, got, rounded):
-        assert g.shape == (len(tokens), cfg.vocab_size) and g.dtype == torch.float64
-        assert close(g, per_node(oracle.model, prefix, tokens, parents))
-        assert close(r, per_node(low, prefix, tokens, parents))
+    for step in (STEP, NEXT_STEP):   # the next step commits a root path of each tree: no row computed again
+        passes.clear(), more.clear()
+        oracle.prepare_step(step, rounded=[("bfloat16", False)])
+        got = [oracle.tree_logits(*t) for t in step]
+        rounded = [oracle.rounded_tree_logits(*t, "bfloat16") for t in step]
+        assert passes == [3, 3]                                  # one pass per model for the whole step
+        for (prefix, tokens, parents), g, r in zip(step, got, rounded):
+            assert g.shape == (len(tokens), cfg.vocab_size) and g.dtype == torch.float64
+            assert close(g, per_node(oracle.model, prefix, tokens, parents))
+            assert close(r, per_node(low, prefix, tokens, parents))
+    assert more == [[0, 1, 0]] * 2   # the second request's prefix goes one token past its tree
+    monkeypatch.undo()
 
 
 def test_passes_run_side_by_side_one_thread_each_on_the_cpu():

@@ -49,17 +49,62 @@ def test_tree_logits_equal_a_fresh_forward_per_node():
 def test_a_later_step_reuses_and_extends_the_cached_prefix(monkeypatch):
     oracle = DenseOracle(CFG, weights())
     oracle.tree_logits(PREFIX, TOKENS, PARENTS)
-    longer = PREFIX + [38, 4, 26]                  # the next step: the accepted tokens committed
     calls = []
     forward_many = judged.forward_many
     monkeypatch.setattr(judged, "forward_many",
                         lambda model, packs: calls.append(packs) or forward_many(model, packs))
+    longer = [5, 7] + PREFIX                      # another prompt: no cached prefix it starts with
     got = oracle.tree_logits(longer, TOKENS, PARENTS)
+    (pack,), = calls                              # one pass: the whole prefix rides in front of the tree
+    assert pack.more == tuple(longer) and pack.past is None
+    assert close(got, per_node(oracle.model, longer, TOKENS, PARENTS))
+    calls.clear()
+    off_tree = PREFIX + [5, 7]                    # commits tokens the judged tree does not hold (its root is 38)
+    got = oracle.tree_logits(off_tree, TOKENS, PARENTS)
     monkeypatch.undo()
-    (pack,), = calls                               # one pass: the new prefix tokens ride in front of the tree
-    assert pack.more == (38, 4, 26) and pack.past[0][0].shape[0] == len(PREFIX)
-    want = per_node(oracle.model, longer, TOKENS, PARENTS)
-    assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    (pack,), = calls
+    assert pack.more == (5, 7) and pack.past[0][0].shape[0] == len(PREFIX)   # extends the cached prefix
+    assert close(got, per_node(oracle.model, off_tree, TOKENS, PARENTS))
+
+
+def close(got, want, rel=1e-12):
+    return float((got - want).abs().max()) <= rel * float(want.abs().max())
+
+
+def test_the_next_step_takes_the_committed_path_from_the_judged_tree(monkeypatch):
+    oracle = DenseOracle(CFG, weights())
+    oracle.tree_logits(PREFIX, TOKENS, PARENTS)
+    calls = []
+    forward_many = judged.forward_many
+    monkeypatch.setattr(judged, "forward_many",
+                        lambda model, packs: calls.append(packs) or forward_many(model, packs))
+    along = PREFIX + [38, 4, 26]                  # the accepted path root -> 1 -> 3 committed: rows judged already
+    got = oracle.tree_logits(along, TOKENS, PARENTS)
+    (pack,), = calls
+    assert pack.more == () and pack.past[0][0].shape[0] == len(along)
+    assert close(got, per_node(oracle.model, along, TOKENS, PARENTS))
+    calls.clear()
+    past_leaf = along + [8, 11, 2]                # 8 is node 6 (a child of 3), then tokens the tree lacks
+    got = oracle.tree_logits(past_leaf, [2], [-1])
+    monkeypatch.undo()
+    (pack,), = calls
+    assert pack.more == (11, 2) and pack.past[0][0].shape[0] == len(along) + 1
+    assert close(got, per_node(oracle.model, past_leaf, [2], [-1]))
+
+
+def test_a_prefix_along_a_judged_tree_has_the_causal_kv():
+    model = DenseLlama(CFG, weights(seed=1))
+    oracle = DenseOracle(CFG, weights(seed=1))
+    oracle.tree_logits(PREFIX, TOKENS, PARENTS)
+    cache = oracle.prefixes
+    sibling = PREFIX + [38, 6, 33, 2]             # root -> 2 -> 5 -> 8: the other branch, to a leaf
+    entry = cache.longest(sibling)
+    assert entry.tokens == tuple(sibling)
+    full = model.forward(sibling)
+    for a, b in zip(entry.ks + entry.vs, full.ks + full.vs):
+        assert close(a, b)
+    assert cache.longest(sibling) is entry        # kept as an entry: derived once
+    assert cache.longest(PREFIX + [38, 6, 26]).tokens == tuple(PREFIX + [38, 6])   # 26 is node 3, not 2's child
 
 
 def test_cached_prefix_kv_equal_the_full_forward():
