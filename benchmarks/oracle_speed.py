@@ -23,6 +23,12 @@ on one loading of the model, the oracle's state emptied before each run:
 * passes-in-turn: the float64 pass and the rounded yardstick's one after
   the other on the oracle's threads, as before they ran side by side, one
   thread each (reference/oracle.py side_by_side);
+* commit-recomputed: the tokens a step commits computed again in front of
+  the next step's tree, as before the next prefix took the judged tree's
+  node K/V along the accepted path (reference/prefix_cache.py JudgedTree);
+* twin-leads-apart: the twin's committed tokens extend its kept prefixes in
+  a forward of their own (merge_up_to 0) instead of leading every path
+  sequence of the step's forward;
 * after: the code as it is.
 
 --oracle-threads fixes the float64 oracle's threads (the check's own choice,
@@ -64,7 +70,8 @@ from reference.oracle import _tree_logits
 from reference.prefix_cache import PrefixCache
 
 
-MODES = ("before", "every-twin", "twin-per-request", "passes-in-turn", "after")
+MODES = ("before", "every-twin", "twin-per-request", "passes-in-turn", "commit-recomputed", "twin-leads-apart",
+         "after")
 
 
 def fresh(oracle) -> None:
@@ -113,6 +120,28 @@ def passes_in_turn():
 
 
 @contextmanager
+def commit_recomputed():
+    """No judged tree kept for the next step's prefix (PrefixCache.put_tree a no-op), undone on exit."""
+    put_tree = PrefixCache.put_tree
+    PrefixCache.put_tree = lambda self, tree: None
+    try:
+        yield
+    finally:
+        PrefixCache.put_tree = put_tree
+
+
+@contextmanager
+def twin_leads_apart(twin):
+    """The twin's committed tokens in a forward of their own (CausalTwin.merge_up_to 0), undone on exit."""
+    merge = twin.merge_up_to
+    twin.merge_up_to = 0
+    try:
+        yield
+    finally:
+        twin.merge_up_to = merge
+
+
+@contextmanager
 def parts_timed(twin, parts: dict[str, float]):
     """Seconds of the oracle step's parts added to `parts`: the float64 pass (exact), the rounded yardstick's
     pass (rounded), both passes' wall time (passes: less than their sum where they ran side by side), the causal
@@ -154,7 +183,8 @@ def one_run(s: RunSettings, loaded, mode: str) -> dict:
         if step == 0:
             parts.clear()
     modes = {"before": lambda: before(loaded.oracle), "twin-per-request": lambda: per_request(p.twin),
-             "passes-in-turn": passes_in_turn}
+             "passes-in-turn": passes_in_turn, "commit-recomputed": commit_recomputed,
+             "twin-leads-apart": lambda: twin_leads_apart(p.twin)}
     with modes.get(mode, nullcontext)(), parts_timed(p.twin, parts):
         summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None),
                         on_step=after_step, localize=False)
