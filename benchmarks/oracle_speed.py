@@ -29,6 +29,8 @@ on one loading of the model, the oracle's state emptied before each run:
 * twin-leads-apart: the twin's committed tokens extend its kept prefixes in
   a forward of their own (merge_up_to 0) instead of leading every path
   sequence of the step's forward;
+* twins-after-table: the twins' forward and the step table one after the
+  other, as before they ran side by side (harness/check/twin_step.py);
 * after: the code as it is.
 
 --oracle-threads fixes the float64 oracle's threads (the check's own choice,
@@ -59,7 +61,7 @@ import torch
 
 import reference.model as ref_model
 import reference.oracle as oracle_module
-from harness.check import differential
+from harness.check import differential, twin_step
 from harness.check.differential import check
 from harness.check.prepare import build, load
 from harness.check.records import RecordWriter
@@ -71,7 +73,7 @@ from reference.prefix_cache import PrefixCache
 
 
 MODES = ("before", "every-twin", "twin-per-request", "passes-in-turn", "commit-recomputed", "twin-leads-apart",
-         "after")
+         "twins-after-table", "after")
 
 
 def fresh(oracle) -> None:
@@ -142,10 +144,22 @@ def twin_leads_apart(twin):
 
 
 @contextmanager
+def twins_after_table():
+    """The twins, then the table, one after the other (twin_step.alongside in turn), undone on exit."""
+    along = twin_step.alongside
+    twin_step.alongside = lambda background, foreground, device: (lambda later: (foreground(), later))(background())
+    try:
+        yield
+    finally:
+        twin_step.alongside = along
+
+
+@contextmanager
 def parts_timed(twin, parts: dict[str, float]):
     """Seconds of the oracle step's parts added to `parts`: the float64 pass (exact), the rounded yardstick's
     pass (rounded), both passes' wall time (passes: less than their sum where they ran side by side), the causal
-    twins (twin), the step table (table). Only the wrapped calls are timed: a
+    twins (twin), the step table (table), the table and the twins' wall time (checked: less than their sum where
+    they ran side by side). Only the wrapped calls are timed: a
     GPU's queued work is counted where the call waits for it (each returns host-visible results or is
     followed by one that does)."""
     def timed(fn, key_of):
@@ -156,17 +170,20 @@ def parts_timed(twin, parts: dict[str, float]):
             parts[key] = parts.get(key, 0.0) + time.perf_counter() - t
             return out
         return run
-    judge, table_fn, side = oracle_module.judge_packed, differential.step_table, oracle_module.side_by_side
+    judge, table_fn, side = oracle_module.judge_packed, twin_step.step_table, oracle_module.side_by_side
+    checked = differential.table_with_twins
     oracle_module.judge_packed = timed(judge, lambda model, *a: "exact" if model.store is ref_model.exact else "rounded")
     oracle_module.side_by_side = timed(side, lambda *a: "passes")
-    differential.step_table = timed(table_fn, lambda *a: "table")
+    twin_step.step_table = timed(table_fn, lambda *a: "table")
+    differential.table_with_twins = timed(checked, lambda *a: "checked")
     own = None if twin is None else twin.__dict__.get("step_logits")   # a mode's own, kept under the timer
     if twin is not None:
         twin.step_logits = timed(twin.step_logits, lambda *a: "twin")
     try:
         yield
     finally:
-        oracle_module.judge_packed, differential.step_table, oracle_module.side_by_side = judge, table_fn, side
+        oracle_module.judge_packed, twin_step.step_table, oracle_module.side_by_side = judge, table_fn, side
+        differential.table_with_twins = checked
         if twin is not None and own is None:
             del twin.step_logits
         elif twin is not None:
@@ -184,7 +201,7 @@ def one_run(s: RunSettings, loaded, mode: str) -> dict:
             parts.clear()
     modes = {"before": lambda: before(loaded.oracle), "twin-per-request": lambda: per_request(p.twin),
              "passes-in-turn": passes_in_turn, "commit-recomputed": commit_recomputed,
-             "twin-leads-apart": lambda: twin_leads_apart(p.twin)}
+             "twin-leads-apart": lambda: twin_leads_apart(p.twin), "twins-after-table": twins_after_table}
     with modes.get(mode, nullcontext)(), parts_timed(p.twin, parts):
         summary = check(replace(p, every_twin=mode in ("before", "every-twin")), RecordWriter(None),
                         on_step=after_step, localize=False)
@@ -213,7 +230,7 @@ def parse_settings(text: str) -> list[tuple[int, int, int]]:
 
 def table(rows: list[dict]) -> str:
     head = ("| budget | topk | batch | mode | steps | engine s/step | oracle s/step | oracle/engine | streams s "
-            "| verdict | exact / rounded (both passes' wall) / twin / table s/step |")
+            "| verdict | exact / rounded (both passes' wall) / twin / table (their wall) s/step |")
     lines = [head, "|" + " --- |" * 11]
     def f(x, spec: str, unit: str = "") -> str:   # a figure the summary did not give (a run of one step): -
         return "-" if x is None else f"{x:{spec}}{unit}"
@@ -222,8 +239,9 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['budget']} | {r['topk']} | {r['batch']} | {r['mode']} | {r['steps']} | "
                      f"{f(r['engine_s_per_step'], '.3f')} | {f(r['oracle_s_per_step'], '.3f')} | "
                      f"{f(r['ratio'], '.1f', 'x')} | {f(r['streams_s'], '.1f')} | {r['verdict']} | "
-                     + "{} / {} ({}) / {} / {}".format(*(f(r["parts_s_per_step"].get(k), ".3f")
-                                                         for k in ("exact", "rounded", "passes", "twin", "table")))
+                     + "{} / {} ({}) / {} / {} ({})".format(*(f(r["parts_s_per_step"].get(k), ".3f")
+                                                              for k in ("exact", "rounded", "passes", "twin", "table",
+                                                                        "checked")))
                      + " |")
     return "\n".join(lines)
 

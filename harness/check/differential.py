@@ -13,7 +13,7 @@ import torch
 from harness.check.summary import CheckSummary, FirstDivergence, summary_record
 from harness.check.compare.acceptance_stats import AcceptanceTally
 from harness.check.compare.metrics import engine_block
-from harness.check.compare.step_table import RequestRows, RowResult, step_table, twin_table
+from harness.check.compare.step_table import RequestRows, RowResult
 from harness.check.compare.router_tie import RouterTies, StepRouting, noise_band
 from harness.verdict.noise_floor import EXCESS_ALPHA, EXCESS_TAIL, planned_nodes
 from harness.check.compare.tree_accept import DDTREE, check_acceptance, check_tree
@@ -25,6 +25,7 @@ from harness.engine.loop import RequestStep
 from harness.engine.settings import RunSettings
 from harness.check.step_clock import StepClock, oracle_thread_count, oracle_threads, timed_phase
 from harness.check.stop import RunStopped, StopWhy
+from harness.check.twin_step import table_with_twins
 from harness.engine.tp.audit import RANK_CLASSES, RANK_WHERE
 
 
@@ -108,8 +109,7 @@ def _run_checks(p: Prepared, summary: CheckSummary, writer: RecordWriter,
             _prepare_oracle_step(p, result.requests)
             steps = [_engine_rows(rs, p.engine.cfg.vocab_size, summary) for rs in result.requests]
             judged = [_judge_request_step(rs, p) for rs in steps]
-            tables = step_table(judged, p.settings.device)   # compared on the run's device, one host copy per step
-            tables = _with_twins(p, steps, judged, tables)
+            tables = table_with_twins(p, steps, judged)   # on the run's device, one host copy (and the twins')
             for rs, j, rows in zip(steps, judged, tables):
                 _check_request_step(rs, p, summary, writer, progress, rows)
                 _cross_check_acceptance(rs, s.accept, summary, writer)
@@ -259,7 +259,7 @@ def _engine_rows(rs: RequestStep, vocab: int, summary: CheckSummary) -> RequestS
 def _judge_request_step(rs: RequestStep, p: Prepared) -> RequestRows:
     """The oracle's rows for the request's tree, and under the noise-floor verdict its two yardsticks (the
     twin and the oracle's own low-precision computation): what compare/step_table.py compares. The twin only
-    with Prepared.every_twin: else _with_twins computes it for the nodes whose verdict it can change."""
+    with Prepared.every_twin: else check/twin_step.py computes it for the nodes whose verdict it can change."""
     tree = rs.tree
     parents = [-1] + [int(x) for x in tree.parents[1:]]
     ref = p.oracle.tree_logits(list(rs.prefix), list(tree.tokens), parents)  # [num_rows, vocab] float64
@@ -269,32 +269,6 @@ def _judge_request_step(rs: RequestStep, p: Prepared) -> RequestRows:
                                            p.rounded_probabilities)            # [num_rows, vocab] float64
     twin = p.twin.tree_logits(rs.prefix, tree) if p.every_twin else None      # [num_rows, vocab] float32
     return RequestRows(rs.logits, ref, twin, rounded)
-
-
-def _with_twins(p: Prepared, steps: list[RequestStep], judged: list[RequestRows],
-                tables: list[list[RowResult]]) -> list[list[RowResult]]:
-    """Each request's rows with their twins' quantities for the nodes whose verdict the twin can change
-    (NoiseFloorRule.needs_twin: past the bound of the rounded yardstick alone, or counted by test 3 without
-    it); the other nodes keep twin_err None. The twin is the engine's computation again, one causal extend per
-    path, every request's in one forward (CausalTwin.step_logits): computed for every node it cost more than
-    the float64 oracle (SmolLM2-135M, budget 32, topk 4, batch 4, CPU: 0.7 s of a 1.7 s check step;
-    benchmarks/oracle_speed.py)."""
-    if p.rule is None:
-        return tables
-    asks = [(k, [i for i in range(j.ref.shape[0]) if p.rule.needs_twin(rows[i].metrics.rel_err, rows[i].rounded_err)])
-            for k, (j, rows) in enumerate(zip(judged, tables)) if j.twin is None]
-    asks = [(k, need) for k, need in asks if need]
-    if not asks:
-        return tables
-    twins = p.twin.step_logits([(steps[k].prefix, steps[k].tree, need) for k, need in asks])   # [len(need), vocab]
-    tables = list(tables)
-    for (k, need), twin in zip(asks, twins):
-        idx, j = torch.tensor(need), judged[k]
-        cols = twin_table(j.engine[idx.to(j.engine.device)], j.ref[idx], twin, p.settings.device)
-        rows = tables[k] = list(tables[k])
-        for i, (err, dist, l2) in zip(need, cols):
-            rows[i] = replace(rows[i], twin_err=err, twin_dist=dist, l2=(rows[i].l2[0], l2, rows[i].l2[2]))
-    return tables
 
 
 def _check_request_step(rs: RequestStep, p: Prepared, summary: CheckSummary, writer: RecordWriter,

@@ -84,7 +84,7 @@ def test_an_engine_crash_with_nothing_before_it_is_a_divergence_named_crash(tmp_
 
 
 def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_path, monkeypatch):
-    import harness.check.differential as check_mod
+    import harness.check.twin_step as check_mod   # where the check calls its step table
 
     def broken_compare(requests, device=None):
         raise IndexError("index 7 is out of bounds")
@@ -94,10 +94,10 @@ def test_an_exception_in_ddchecks_comparison_is_an_internal_error_exit_3(tmp_pat
     assert result.exit_code == 3, result.output
     line = [ln for ln in result.output.splitlines() if ln.startswith("ddcheck:")]
     assert len(line) == 1 and line[0].startswith("ddcheck: internal error")
-    assert "harness/check/differential.py:" in line[0] and "IndexError" in line[0]
+    assert "harness/check/twin_step.py:" in line[0] and "IndexError" in line[0]
     records = _records(out)
     (crash,) = [r for r in records if r["kind"] == "crash"]
-    assert crash["side"] == "ddcheck" and crash["where"].startswith("harness/check/differential.py:")
+    assert crash["side"] == "ddcheck" and crash["where"].startswith("harness/check/twin_step.py:")
     assert records[-1]["verdict"] == "internal-error" and not records[-1]["passed"]
     assert "the engine under test" not in result.output
 
@@ -144,7 +144,7 @@ def test_a_library_frame_is_passed_over_for_the_side_that_called_it():
 
 
 def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
-    import harness.check.differential as check_mod
+    import harness.check.twin_step as check_mod   # where the check calls its step table
     from harness.engine.settings import RunSettings
     from harness.workflows.sweep import SettingJob, run_jobs, unjudged_lines, verdict
 
@@ -155,7 +155,7 @@ def test_a_sweep_setting_with_an_internal_error_is_not_judged(monkeypatch):
     (r,) = run_jobs([job], 1)
     assert r.summary["verdict"] == "internal-error" and verdict(job, r) == "internal-error"
     (line,) = unjudged_lines([r])
-    assert line.startswith("ddcheck: internal error") and "harness/check/differential.py:" in line
+    assert line.startswith("ddcheck: internal error") and "harness/check/twin_step.py:" in line
 
 
 def _port_raising(tmp_path, body: str):

@@ -106,7 +106,7 @@ def test_the_yardsticks_are_judged_by_rel_err_alone(tiny_steps, monkeypatch):
 
 
 def test_without_the_twin_its_columns_are_none_and_twin_table_gives_them(tiny_steps):
-    """The check computes the twin after the table, for some nodes (differential.py _with_twins): the table
+    """The check computes the twin beside the table, for some nodes (check/twin_step.py): the table
     without it has the rounded yardstick's numbers and None for the twin's, and twin_table gives the per-node
     path's twin numbers for any rows asked, in the order asked."""
     r = tiny_steps[1][0]

@@ -94,6 +94,29 @@ def twin_table(engine: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor, devi
     return [tuple(x) for x in torch.cat(parts).tolist()] if parts else []
 
 
+def node_errors(requests: list[RequestRows], device: torch.device | str) -> list[list[tuple[float, float]]]:
+    """Per request, per node: (rel_err, rounded_err), the two numbers step_table holds for them (the same
+    rel_err_column, rows taken ROWS_PER_PASS at a time), without the other columns; one host copy. Each request
+    must carry its rounded yardstick."""
+    device = torch.device(device)
+    cols = []
+    for r in requests:
+        if r.rounded is None:
+            raise ValueError("node_errors reads the rounded yardstick's error: a request without one")
+        real = r.ref.shape[0]   # the engine's block has its padding rows after these
+        for a in range(0, real, ROWS_PER_PASS):
+            rows = slice(a, min(a + ROWS_PER_PASS, real))
+            ref = r.ref[rows].to(device)                                                   # [k, vocab]
+            cols.append(torch.stack([rel_err_column(r.engine[rows], ref), rel_err_column(r.rounded[rows], ref)],
+                                    -1))                                                   # [k, 2]
+    host = torch.cat(cols).tolist() if cols else []
+    out, start = [], 0
+    for r in requests:
+        out.append([tuple(x) for x in host[start:start + r.ref.shape[0]]])
+        start += r.ref.shape[0]
+    return out
+
+
 def step_table(requests: list[RequestRows], device: torch.device | str | None = None) -> list[list[RowResult]]:
     """Every request's rows, computed on `device` (the run's; default: where the engine's logits are) and
     copied to the host in one transfer: per request, one RowResult per verify row."""
