@@ -46,13 +46,19 @@ def test_tree_logits_equal_a_fresh_forward_per_node():
     assert float((got - want).abs().max()) <= 1e-12 * float(want.abs().max())
 
 
-def test_a_later_step_reuses_and_extends_the_cached_prefix(monkeypatch):
+def judged_once(monkeypatch):
+    """An oracle that judged (PREFIX, TOKENS, PARENTS), and the list each later pass's packs are appended to."""
     oracle = DenseOracle(CFG, weights())
     oracle.tree_logits(PREFIX, TOKENS, PARENTS)
     calls = []
     forward_many = judged.forward_many
     monkeypatch.setattr(judged, "forward_many",
                         lambda model, packs: calls.append(packs) or forward_many(model, packs))
+    return oracle, calls
+
+
+def test_a_later_step_reuses_and_extends_the_cached_prefix(monkeypatch):
+    oracle, calls = judged_once(monkeypatch)
     longer = [5, 7] + PREFIX                      # another prompt: no cached prefix it starts with
     got = oracle.tree_logits(longer, TOKENS, PARENTS)
     (pack,), = calls                              # one pass: the whole prefix rides in front of the tree
@@ -72,12 +78,7 @@ def close(got, want, rel=1e-12):
 
 
 def test_the_next_step_takes_the_committed_path_from_the_judged_tree(monkeypatch):
-    oracle = DenseOracle(CFG, weights())
-    oracle.tree_logits(PREFIX, TOKENS, PARENTS)
-    calls = []
-    forward_many = judged.forward_many
-    monkeypatch.setattr(judged, "forward_many",
-                        lambda model, packs: calls.append(packs) or forward_many(model, packs))
+    oracle, calls = judged_once(monkeypatch)
     along = PREFIX + [38, 4, 26]                  # the accepted path root -> 1 -> 3 committed: rows judged already
     got = oracle.tree_logits(along, TOKENS, PARENTS)
     (pack,), = calls
